@@ -1,0 +1,109 @@
+"""Text corpora as (document id, text) pairs, and a deterministic split by document."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+Document = tuple[str, str]
+SOURCES = ("pydoc", "path", "hub")
+
+
+@dataclass
+class CorpusSpec:
+    """Where the text comes from; ``source`` picks one of the three loaders."""
+
+    source: str = "pydoc"  # pydoc: CPython's bundled reference docs | path: a .txt file or folder | hub: HF datasets
+    path: str | None = None  # file or folder, for source=path
+    name: str | None = None  # dataset name or save_to_disk folder, for source=hub
+    data_files: str | None = None  # optional data_files for load_dataset (e.g. name=text with local files)
+    split: str = "train"  # HF split to read
+    text_field: str = "text"  # column holding the text
+
+
+def load_documents(spec: CorpusSpec) -> list[Document]:
+    if spec.source == "pydoc":
+        from pydoc_data.topics import topics  # ships with every CPython: ~465 KB of real English prose
+
+        docs = sorted(topics.items())
+    elif spec.source == "path":
+        docs = _documents_from_path(spec.path)
+    elif spec.source == "hub":
+        docs = _documents_from_hub(spec)
+    else:
+        raise ValueError(f"Unknown corpus source {spec.source!r}; set data.corpus.source to one of {SOURCES}")
+    docs = [(doc_id, text) for doc_id, text in docs if text.strip()]
+    if not docs:
+        raise ValueError(f"Corpus {spec} holds no text; point data.corpus at a non-empty source")
+    return docs
+
+
+def _documents_from_path(path: str | None) -> list[Document]:
+    if not path:
+        raise ValueError("data.corpus.source=path needs data.corpus.path=<file.txt or folder of .txt files>")
+    root = Path(path).expanduser()
+    if root.is_dir():
+        files = sorted(root.rglob("*.txt"))
+        if not files:
+            raise FileNotFoundError(f"No .txt files under {root}; set data.corpus.path to a folder with .txt files")
+        return [(str(f.relative_to(root)), f.read_text(encoding="utf-8", errors="replace")) for f in files]
+    if root.is_file():
+        # one file: its blank-line separated paragraphs are the documents of the split
+        text = root.read_text(encoding="utf-8", errors="replace")
+        paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+        return [(f"{root.name}:{i}", p + "\n\n") for i, p in enumerate(paragraphs)]
+    raise FileNotFoundError(f"Data file {root} not found; set data.corpus.path=<file.txt or folder>")
+
+
+def _documents_from_hub(spec: CorpusSpec) -> list[Document]:
+    if not spec.name:
+        raise ValueError("data.corpus.source=hub needs data.corpus.name=<dataset name or save_to_disk folder>")
+    try:
+        import datasets
+    except ImportError as err:
+        raise ImportError("Hugging Face datasets are an extra: pip install 'lit-transformers[hub]'") from err
+    if Path(spec.name).is_dir() and (Path(spec.name) / "dataset_info.json").exists():
+        dataset = datasets.load_from_disk(spec.name)
+        dataset = dataset[spec.split] if isinstance(dataset, datasets.DatasetDict) else dataset
+    else:
+        dataset = datasets.load_dataset(spec.name, data_files=spec.data_files, split=spec.split)
+    if spec.text_field not in dataset.column_names:
+        raise KeyError(
+            f"Dataset {spec.name} has no column {spec.text_field!r}; set data.corpus.text_field to one of "
+            f"{dataset.column_names}"
+        )
+    return [(f"{spec.name}:{i}", text) for i, text in enumerate(dataset[spec.text_field])]
+
+
+def fingerprint(spec: CorpusSpec) -> str:
+    """Changes whenever the corpus may have changed: keys the tokenizer cache."""
+    if spec.source == "pydoc":
+        identity = sys.version
+    elif spec.source == "path" and spec.path and Path(spec.path).exists():
+        root = Path(spec.path)
+        files = sorted(root.rglob("*.txt")) if root.is_dir() else [root]
+        identity = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    else:
+        identity = None
+    payload = json.dumps([spec.__dict__, identity], sort_keys=True, default=str)
+    return hashlib.sha1(payload.encode()).hexdigest()[:16]
+
+
+def split_documents(
+    docs: list[Document], val_fraction: float, test_fraction: float, seed: int = 0
+) -> dict[str, list[Document]]:
+    """Assign whole documents to train/val/test by a seeded hash of their id: the same every run and rank."""
+    ranked = sorted(docs, key=lambda d: hashlib.sha1(f"{seed}:{d[0]}".encode()).hexdigest())
+    n_val = max(1, round(len(docs) * val_fraction)) if val_fraction > 0 else 0
+    n_test = max(1, round(len(docs) * test_fraction)) if test_fraction > 0 else 0
+    if len(docs) - n_val - n_test < 1:
+        raise ValueError(
+            f"Corpus has {len(docs)} documents, too few for val/test splits of {n_val}/{n_test}; "
+            "add text or lower data.val_fraction/data.test_fraction"
+        )
+    splits = {"val": ranked[:n_val], "test": ranked[n_val : n_val + n_test], "train": ranked[n_val + n_test :]}
+    return {name: sorted(split) for name, split in splits.items()}

@@ -1,0 +1,108 @@
+"""Causal-LM data: corpus -> tokenizer (trained once, cached) -> token stream -> block_size windows."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents, split_documents
+from lit_transformers.data.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class TokenWindows(Dataset):
+    """Non-overlapping windows of block_size + 1 tokens: inputs and next-token labels (B, T) each."""
+
+    def __init__(self, tokens: torch.Tensor, block_size: int):
+        self.tokens, self.block_size = tokens, block_size
+
+    def __len__(self) -> int:
+        return max(0, (len(self.tokens) - 1) // self.block_size)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        window = self.tokens[i * self.block_size : (i + 1) * self.block_size + 1]
+        return {"input_ids": window[:-1], "labels": window[1:]}
+
+
+class CausalLMDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        corpus: dict | None = None,
+        tokenizer: str = "bpe",
+        vocab_size: int = 4096,
+        block_size: int = 256,
+        batch_size: int = 32,
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
+        num_workers: int = 0,
+        seed: int = 0,
+        cache_dir: str = "~/.cache/lit_transformers",
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.corpus = CorpusSpec(**(corpus or {}))
+        self.tokenizer: Tokenizer | None = None
+        self.datasets: dict[str, TokenWindows] = {}
+
+    @property
+    def tokenizer_path(self) -> Path:
+        h = self.hparams
+        key = f"{fingerprint(self.corpus)}-{h.tokenizer}-{h.vocab_size}-{h.val_fraction}-{h.test_fraction}-{h.seed}"
+        return Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / f"{key}.json"
+
+    def _splits(self):
+        h = self.hparams
+        return split_documents(load_documents(self.corpus), h.val_fraction, h.test_fraction, h.seed)
+
+    def prepare_data(self) -> None:
+        """Train the tokenizer on the training split once (rank 0); every rank loads it in ``setup``."""
+        if self.tokenizer_path.exists():
+            return
+        texts = [text for _, text in self._splits()["train"]]
+        tokenizer = Tokenizer.train(texts, self.hparams.tokenizer, self.hparams.vocab_size)
+        tmp = self.tokenizer_path.with_suffix(f".tmp{os.getpid()}")
+        tokenizer.save(tmp)
+        tmp.replace(self.tokenizer_path)  # atomic: a concurrent reader never sees half a file
+        log.info("Trained %s tokenizer (%d tokens) -> %s", self.hparams.tokenizer, tokenizer.vocab_size, self.tokenizer_path)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        if not self.tokenizer_path.exists():
+            self.prepare_data()  # used outside a Trainer (scripts, notebooks)
+        self.tokenizer = Tokenizer.from_file(self.tokenizer_path)
+        block_size = self.hparams.block_size
+        for name, docs in self._splits().items():
+            ids = [tok for doc in self.tokenizer.encode_batch([t for _, t in docs]) for tok in (*doc, self.tokenizer.eos_id)]
+            self.datasets[name] = TokenWindows(torch.tensor(ids, dtype=torch.long), block_size)
+            if len(self.datasets[name]) == 0:
+                raise ValueError(
+                    f"The {name} split has {len(ids)} tokens, fewer than block_size + 1 = {block_size + 1}; "
+                    "add text or lower model.block_size"
+                )
+        log.info("Token windows: %s", {name: len(ds) for name, ds in self.datasets.items()})
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            self.datasets[split],
+            batch_size=self.hparams.batch_size,
+            shuffle=shuffle,
+            num_workers=self.hparams.num_workers,
+            persistent_workers=self.hparams.num_workers > 0,
+            drop_last=shuffle and len(self.datasets[split]) > self.hparams.batch_size,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)

@@ -1,0 +1,143 @@
+"""GPT: a decoder-only Transformer for causal language modelling (GPT-2 layout, nanoGPT spirit)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lit_transformers.nn import DecoderBlock, KVCache, LayerCache, RotaryEmbedding, absolute_positions
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50304  # set from the tokenizer at train time; GPT-2 pads 50257 to a multiple of 64
+    block_size: int = 256  # longest context the model sees
+    n_layer: int = 6
+    n_head: int = 6
+    d_model: int = 384
+    d_ff: int | None = None  # FFN width; None means 4 * d_model
+    dropout: float = 0.0  # residual, embedding and attention dropout
+    bias: bool = True  # biases in Linear and LayerNorm (GPT-2: True)
+    activation: str = "gelu_tanh"  # GPT-2 uses the tanh approximation ("gelu_new")
+    position: str = "learned"  # learned | sinusoidal | rope
+    tie_embeddings: bool = True  # share token embedding and output projection (GPT-2, Press & Wolf 2017)
+    norm_eps: float = 1e-5
+
+
+class GPT(nn.Module):
+    """Token + position embeddings -> n_layer pre-norm decoder blocks -> final LayerNorm -> LM head."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_emb = absolute_positions(config.position, config.block_size, config.d_model)
+        head_dim = config.d_model // config.n_head
+        self.rotary = RotaryEmbedding(head_dim, config.block_size) if config.position == "rope" else None
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(
+            DecoderBlock(
+                config.d_model,
+                config.n_head,
+                d_ff=config.d_ff,
+                dropout=config.dropout,
+                attn_dropout=config.dropout,
+                activation=config.activation,
+                norm_first=True,
+                bias=config.bias,
+                norm_eps=config.norm_eps,
+            )
+            for _ in range(config.n_layer)
+        )
+        self.ln_f = nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        self.apply(self._init_weights)
+        # GPT-2: scale the init of projections that write into the residual stream by 1/sqrt(2 * n_layer),
+        # so the residual variance does not grow with depth
+        for name, param in self.named_parameters():
+            if name.endswith(("attn.out_proj.weight", "mlp.proj.weight")):
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and isinstance(self.pos_emb, nn.Module):
+            n -= sum(p.numel() for p in self.pos_emb.parameters())
+        return n
+
+    def new_caches(self, batch_size: int, max_len: int, device=None, dtype=None) -> list[LayerCache]:
+        """Empty per-layer KV caches for incremental decoding (see ``lit_transformers.nn.generate``)."""
+        if max_len > self.config.block_size:
+            raise ValueError(
+                f"Prompt + new tokens = {max_len} exceeds block_size {self.config.block_size}; "
+                "shorten the prompt or lower max_new_tokens"
+            )
+        c = self.config
+        return [
+            LayerCache(KVCache(batch_size, c.n_head, max_len, c.d_model // c.n_head, device, dtype))
+            for _ in range(c.n_layer)
+        ]
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        caches: list[LayerCache] | None = None,
+    ) -> torch.Tensor:
+        """idx: (B, T) token ids -> logits (B, T, vocab_size).
+
+        ``position_ids`` (B, T) default to 0..T-1 after any cached tokens; ``mask`` (B, 1, T, T_k) bool
+        adds key padding on top of the causal mask (see ``lit_transformers.nn.generation``).
+        """
+        B, T = idx.shape
+        start = caches[0].self_attn.length if caches else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"Sequence of length {start + T} exceeds block_size {self.config.block_size}")
+        if position_ids is None:
+            position_ids = torch.arange(start, start + T, device=idx.device)[None]  # (1, T)
+        x = self.tok_emb(idx)  # (B, T, d_model)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(position_ids)
+        x = self.drop(x)
+        for i, block in enumerate(self.blocks):
+            x = block(
+                x, mask=mask, rotary=self.rotary, position_ids=position_ids, cache=caches[i] if caches else None
+            )
+        return self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
+
+    # ---- Hugging Face GPT-2 interoperability -------------------------------------------------
+
+    @classmethod
+    def from_hf(cls, path_or_model) -> GPT:
+        """Load a Hugging Face GPT-2: a local directory (config.json + weights) or a ``GPT2LMHeadModel``."""
+        from lit_transformers.models.hf_gpt2 import config_from_hf, load_hf_gpt2, state_dict_from_hf
+
+        hf_config, hf_state = load_hf_gpt2(path_or_model)
+        model = cls(config_from_hf(hf_config))
+        model.load_state_dict(state_dict_from_hf(hf_state, model.config), strict=True)
+        return model
+
+    def to_hf(self, save_dir: str | Path | None = None):
+        """Export as ``transformers.GPT2LMHeadModel`` (and ``save_pretrained`` it when save_dir is given)."""
+        from lit_transformers.models.hf_gpt2 import to_hf_model
+
+        hf_model = to_hf_model(self)
+        if save_dir is not None:
+            hf_model.save_pretrained(str(save_dir))
+        return hf_model
+
+    def config_dict(self) -> dict:
+        return asdict(self.config)

@@ -1,0 +1,129 @@
+"""Multi-head attention on ``F.scaled_dot_product_attention``.
+
+Masks follow the SDPA convention everywhere in this package: a boolean tensor
+broadcastable to (B, n_head, T_q, T_k) where ``True`` means "may attend".
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lit_transformers.nn.positions import RotaryEmbedding
+
+
+class KVCache:
+    """Preallocated key/value buffer for one attention layer.
+
+    Writing in place (instead of ``torch.cat`` per step) keeps the per-token cost of
+    incremental decoding flat in the sequence length.
+    """
+
+    def __init__(self, batch_size: int, n_head: int, max_len: int, head_dim: int, device=None, dtype=None):
+        shape = (batch_size, n_head, max_len, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store new (B, nh, T, hs) keys/values; return everything cached so far."""
+        end = self.length + k.size(2)
+        if end > self.k.size(2):
+            raise ValueError(f"KV cache overflow: {end} positions > max_len {self.k.size(2)}")
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def view(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[:, :, : self.length], self.v[:, :, : self.length]
+
+
+def causal_mask(t_q: int, t_k: int, device=None) -> torch.Tensor:
+    """(T_q, T_k) lower-triangular mask aligned to the *end*: query i is key position t_k - t_q + i."""
+    offset = t_k - t_q
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def padding_mask(key_valid: torch.Tensor) -> torch.Tensor:
+    """(B, T_k) bool of real tokens -> (B, 1, 1, T_k) attention mask."""
+    return key_valid[:, None, None, :].bool()
+
+
+class MultiHeadAttention(nn.Module):
+    """Self- or cross-attention with optional causal masking, RoPE and a KV cache.
+
+    Self-attention projects Q, K and V with one fused matmul (``qkv_proj``); cross-attention
+    projects queries from ``x`` and keys/values from ``context`` (``q_proj`` + ``kv_proj``).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        cross_attention: bool = False,
+        context_dim: int | None = None,
+    ):
+        super().__init__()
+        if d_model % n_head != 0:
+            raise ValueError(f"d_model={d_model} must be divisible by n_head={n_head}")
+        self.n_head, self.head_dim = n_head, d_model // n_head
+        self.cross_attention = cross_attention
+        self.dropout = dropout
+        if cross_attention:
+            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.kv_proj = nn.Linear(context_dim or d_model, 2 * d_model, bias=bias)
+        else:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        rotary: RotaryEmbedding | None = None,
+        position_ids: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """x: (B, T, d_model) -> (B, T, d_model).
+
+        ``mask`` is broadcastable to (B, nh, T, T_k) with True = attend; T_k counts cached keys.
+        ``is_causal`` hides keys after each query (end-aligned when a cache holds earlier tokens).
+        """
+        B, T, C = x.shape
+        if self.cross_attention:
+            q = self._split_heads(self.q_proj(x))
+            if kv_cache is not None and kv_cache.length > 0:
+                k, v = kv_cache.view()  # encoder memory is projected once per generation
+            else:
+                k, v = (self._split_heads(t) for t in self.kv_proj(context).chunk(2, dim=-1))
+                if kv_cache is not None:
+                    k, v = kv_cache.append(k, v)
+        else:
+            q, k, v = (self._split_heads(t) for t in self.qkv_proj(x).split(C, dim=-1))
+            if rotary is not None:
+                q, k = rotary(q, position_ids), rotary(k, position_ids)
+            if kv_cache is not None:
+                k, v = kv_cache.append(k, v)
+
+        t_k = k.size(2)
+        if is_causal and T == 1:
+            is_causal = False  # a single new query may see every cached key
+        elif is_causal and (mask is not None or t_k != T):
+            causal = causal_mask(T, t_k, device=x.device)
+            mask = causal if mask is None else mask & causal
+            is_causal = False
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.out_proj(y)

@@ -1,0 +1,131 @@
+"""Transformer blocks shared by every model family: encoder, decoder (GPT, translation), CLIP text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from lit_transformers.nn.attention import KVCache, MultiHeadAttention
+from lit_transformers.nn.positions import RotaryEmbedding
+
+ACTIVATIONS = {
+    "gelu": lambda: nn.GELU(),
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # GPT-2's "gelu_new"
+    "relu": lambda: nn.ReLU(),
+}
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: Linear(d, d_ff) -> activation -> Linear(d_ff, d) -> dropout."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", dropout: float = 0.0, bias=True):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"Unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
+        self.fc = nn.Linear(d_model, d_ff, bias=bias)
+        self.act = ACTIVATIONS[activation]()
+        self.proj = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.proj(self.act(self.fc(x))))
+
+
+@dataclass
+class LayerCache:
+    """Per-layer incremental-decoding state: self-attention keys/values, and encoder memory keys/values."""
+
+    self_attn: KVCache
+    cross_attn: KVCache | None = None
+
+
+class TransformerBlock(nn.Module):
+    """Self-attention, optional cross-attention and FFN sublayers, each wrapped in a residual.
+
+    ``norm_first=True`` is pre-norm (GPT-2: x + f(LN(x))); ``False`` is the original post-norm
+    Transformer (LN(x + f(x))). Use :func:`EncoderBlock` / :func:`DecoderBlock` for the usual setups.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        d_ff: int | None = None,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        activation: str = "gelu",
+        norm_first: bool = True,
+        causal: bool = False,
+        cross_attention: bool = False,
+        context_dim: int | None = None,
+        bias: bool = True,
+        norm_eps: float = 1e-5,
+    ):
+        super().__init__()
+        self.norm_first, self.causal = norm_first, causal
+        self.ln_1 = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
+        self.attn = MultiHeadAttention(d_model, n_head, attn_dropout, bias)
+        if cross_attention:
+            self.ln_cross = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
+            self.cross_attn = MultiHeadAttention(
+                d_model, n_head, attn_dropout, bias, cross_attention=True, context_dim=context_dim
+            )
+        else:
+            self.cross_attn = None
+        self.ln_2 = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
+        self.mlp = FeedForward(d_model, d_ff or 4 * d_model, activation, dropout, bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def _residual(self, x: torch.Tensor, norm: nn.LayerNorm, sublayer) -> torch.Tensor:
+        if self.norm_first:
+            return x + sublayer(norm(x))
+        return norm(x + sublayer(x))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        context: torch.Tensor | None = None,
+        context_mask: torch.Tensor | None = None,
+        rotary: RotaryEmbedding | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+    ) -> torch.Tensor:
+        """x: (B, T, d_model); context: (B, S, d_context) encoder memory for cross-attention."""
+        x = self._residual(
+            x,
+            self.ln_1,
+            lambda h: self.dropout(
+                self.attn(
+                    h,
+                    mask=mask,
+                    is_causal=self.causal,
+                    rotary=rotary,
+                    position_ids=position_ids,
+                    kv_cache=cache.self_attn if cache else None,
+                )
+            ),
+        )
+        if self.cross_attn is not None:
+            x = self._residual(
+                x,
+                self.ln_cross,
+                lambda h: self.dropout(
+                    self.cross_attn(
+                        h, context=context, mask=context_mask, kv_cache=cache.cross_attn if cache else None
+                    )
+                ),
+            )
+        return self._residual(x, self.ln_2, self.mlp)
+
+
+def EncoderBlock(d_model: int, n_head: int, **kwargs) -> TransformerBlock:
+    """Bidirectional self-attention + FFN (Transformer encoder, BERT)."""
+    return TransformerBlock(d_model, n_head, causal=False, cross_attention=False, **kwargs)
+
+
+def DecoderBlock(d_model: int, n_head: int, cross_attention: bool = False, **kwargs) -> TransformerBlock:
+    """Masked self-attention (+ cross-attention over encoder memory for translation) + FFN."""
+    return TransformerBlock(d_model, n_head, causal=True, cross_attention=cross_attention, **kwargs)

@@ -1,0 +1,104 @@
+"""Autoregressive generation for any decoder that follows the small protocol below.
+
+The model is called as ``model(input_ids, position_ids=..., mask=..., caches=...) -> logits (B, T, V)``
+and provides ``model.new_caches(batch_size, max_len, device, dtype)``. GPT, the translation decoder
+and the PPO policy all share this loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch prompts of different lengths: (B, T) ids padded on the left, and (B, T) bool of real tokens."""
+    if not sequences or any(len(s) == 0 for s in sequences):
+        raise ValueError("Every prompt needs at least one token (prepend BOS to an empty prompt)")
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
+    valid = torch.zeros(len(sequences), width, dtype=torch.bool, device=device)
+    for row, seq in enumerate(sequences):
+        ids[row, width - len(seq) :] = torch.as_tensor(list(seq), dtype=torch.long)
+        valid[row, width - len(seq) :] = True
+    return ids, valid
+
+
+def _attention_mask(key_valid: torch.Tensor, t_q: int) -> torch.Tensor:
+    """(B, 1, T_q, T_k): real keys, plus each query's own position so that a padding query never
+    faces an all-masked row (which makes SDPA return NaN, and 0 * NaN poisons later layers)."""
+    t_k = key_valid.size(1)
+    own = torch.arange(t_k, device=key_valid.device) == (t_k - t_q + torch.arange(t_q, device=key_valid.device))[:, None]
+    return key_valid[:, None, None, :] | own
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick one token per row from (B, V) logits. temperature == 0 means greedy (argmax)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # drop a token when the tokens ranked above it already cover top_p (the first always survives)
+        drop_sorted = cumulative - sorted_logits.softmax(dim=-1) >= top_p
+        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_id: int | None = None,
+    pad_id: int = 0,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Continue left-padded prompts (B, T); returns (B, T + n) with n <= max_new_tokens.
+
+    Rows that emit ``eos_id`` stop and are filled with ``pad_id``; the loop ends when all rows stopped.
+    """
+    B, T = input_ids.shape
+    valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    padded = not bool(valid.all())
+    positions = (valid.long().cumsum(dim=-1) - 1).clamp(min=0)  # left padding: first real token is position 0
+    caches = None
+    if use_cache:
+        dtype = next(model.parameters()).dtype
+        caches = model.new_caches(B, T + max_new_tokens, input_ids.device, dtype)
+
+    tokens, step_ids, step_pos = input_ids, input_ids, positions
+    finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+    for _ in range(max_new_tokens):
+        mask = _attention_mask(valid, step_ids.size(1)) if padded else None
+        logits = model(step_ids, position_ids=step_pos, mask=mask, caches=caches)[:, -1]
+        next_token = sample_next(logits, temperature, top_k, top_p, generator)
+        next_token = next_token.masked_fill(finished, pad_id)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        valid = torch.cat([valid, ~finished[:, None]], dim=1)
+        padded = padded or bool(finished.any())
+        positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
+        if eos_id is not None:
+            finished |= next_token == eos_id
+            if bool(finished.all()):
+                break
+        step_ids, step_pos = (next_token[:, None], positions[:, -1:]) if use_cache else (tokens, positions)
+    return tokens

@@ -1,0 +1,7 @@
+"""One LightningModule per training objective."""
+
+from lit_transformers.tasks.base import Task, load_weights
+from lit_transformers.tasks.causal_lm import IGNORE_INDEX, CausalLMTask
+from lit_transformers.tasks.optim import decay_groups, warmup_cosine
+
+__all__ = ["IGNORE_INDEX", "CausalLMTask", "Task", "decay_groups", "load_weights", "warmup_cosine"]

@@ -1,0 +1,79 @@
+"""What every training objective shares: lazy model construction, ``init_from``, optimiser, grad-norm logging."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch import nn
+
+from lit_transformers.tasks.optim import decay_groups
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Copy weights from a Lightning checkpoint or a plain state dict; any key or shape mismatch is an error."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"init_from={path} not found; pass a .ckpt from an earlier run")
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = state.get("state_dict", state)
+    # Lightning checkpoints name weights "model.<name>" (the task's attribute)
+    state = {k.removeprefix("model."): v for k, v in state.items()}
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    mismatched = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
+                  for k, v in own.items() if k in state and state[k].shape != v.shape]
+    if missing or unexpected or mismatched:
+        raise ValueError(
+            f"init_from={path} does not fit the model.\n  missing keys: {missing}\n  unexpected keys: {unexpected}\n"
+            f"  shape mismatches: {mismatched}\nUse a checkpoint trained with the same model config."
+        )
+    model.load_state_dict(state)
+
+
+class Task(L.LightningModule):
+    """Subclasses implement ``build_model()`` and the step methods; the model is built in ``configure_model``
+    so that it can depend on the datamodule (vocab size) and is built once per rank (FSDP-friendly)."""
+
+    def __init__(
+        self,
+        optimizer: partial,
+        scheduler: partial | None = None,
+        init_from: str | None = None,
+        compile: bool = False,
+    ):
+        super().__init__()
+        self.model: nn.Module | None = None
+
+    def build_model(self) -> nn.Module:
+        raise NotImplementedError
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        self.model = self.build_model()
+        if self.hparams.init_from:
+            load_weights(self.model, self.hparams.init_from)
+        if self.hparams.compile:
+            self.model.compile()  # in place: state-dict names stay free of "_orig_mod."
+
+    def param_groups(self) -> list[dict]:
+        skip = getattr(self.model, "no_weight_decay", lambda: set())()
+        return decay_groups(self.model, set(skip))
+
+    def configure_optimizers(self):
+        optimizer = self.hparams.optimizer(params=self.param_groups())
+        for group in optimizer.param_groups:  # timm layer-wise lr decay stores "lr_scale" per group
+            group["lr"] *= group.get("lr_scale", 1.0)
+        if self.hparams.scheduler is None:
+            return optimizer
+        scheduler = self.hparams.scheduler(optimizer, total_steps=self.trainer.estimated_stepping_batches)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        if grads:
+            self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), on_step=True, on_epoch=False)

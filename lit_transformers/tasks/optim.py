@@ -1,0 +1,40 @@
+"""Optimiser parameter groups and the warmup + cosine learning-rate schedule shared by every task."""
+
+from __future__ import annotations
+
+import math
+
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def decay_groups(module: nn.Module, skip: set[str] | frozenset[str] = frozenset()) -> list[dict]:
+    """Weight decay on matrices (Linear/embedding weights) only, as in GPT-2/nanoGPT: biases, norms,
+    scalars and any parameter named in ``skip`` (timm's ``no_weight_decay()``) go in a no-decay group."""
+    decay, no_decay = [], []
+    for name, param in module.named_parameters():
+        if not param.requires_grad:
+            continue
+        if param.ndim < 2 or name in skip or name.split(".")[-1] in skip:
+            no_decay.append(param)
+        else:
+            decay.append(param)
+    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def warmup_cosine(
+    optimizer: Optimizer, total_steps: int, warmup_steps: int = 100, min_lr_ratio: float = 0.1
+) -> LambdaLR:
+    """Linear warmup from 0 to each group's lr over ``warmup_steps``, then cosine down to
+    ``min_lr_ratio`` * lr at ``total_steps``. Per-group lrs (layer-wise decay) are scaled alike."""
+    total_steps = max(int(total_steps), 1)
+    warmup_steps = min(int(warmup_steps), total_steps)
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return LambdaLR(optimizer, factor)

@@ -1,0 +1,85 @@
+"""Training entry point: ``python train.py experiment=gpt_pretrain trainer=ddp logger=wandb`` (or ``lit-train``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import hydra
+import lightning as L
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from lit_transformers.utils.config import (
+    RESOLVED_CONFIG_ENV,
+    ConfigError,
+    check_required,
+    check_types,
+    instantiate_group,
+    resolve_once,
+)
+from lit_transformers.utils.errors import report_user_errors
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Fit and/or test as the config says; returns the final metrics (used by Hydra sweeps)."""
+    L.seed_everything(cfg.seed, workers=True)
+    for key in ("ckpt_path", "init_from"):
+        if cfg.get(key) and not Path(cfg[key]).is_file():
+            raise FileNotFoundError(f"{key}={cfg[key]} not found; pass the path of a .ckpt file")
+
+    datamodule: L.LightningDataModule = instantiate(cfg.data, _convert_="all")
+    task: L.LightningModule = instantiate(
+        cfg.task, model=instantiate(cfg.model), init_from=cfg.init_from, compile=cfg.compile, _convert_="object"
+    )
+    callbacks = instantiate_group(cfg.get("callbacks"), "callbacks")
+    loggers = instantiate_group(cfg.get("logger"), "logger")
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    for logger in loggers:
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+
+    try:
+        if cfg.train:
+            trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        if cfg.test:
+            best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+            if not best:
+                log.warning("No best checkpoint (fast_dev_run or train=false); testing the current weights")
+            trainer.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=False)
+            metrics |= {k: float(v) for k, v in trainer.callback_metrics.items()}
+        if trainer.is_global_zero and cfg.get("sample") and hasattr(task, "sample"):
+            for prompt, text in zip(cfg.sample.prompts, task.sample(list(cfg.sample.prompts), cfg.sample.max_new_tokens)):
+                print(f"\n--- sample ---\n{prompt}{text}")
+    finally:
+        for logger in loggers:
+            if isinstance(logger, L.pytorch.loggers.WandbLogger):
+                import wandb
+
+                wandb.finish()  # also when training raised: one finished run per (multirun) job
+    return metrics
+
+
+@hydra.main(version_base="1.3", config_path="pkg://lit_transformers.conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    launched_here = RESOLVED_CONFIG_ENV not in os.environ
+    try:
+        with report_user_errors():
+            check_required(cfg)
+            check_types(cfg)
+            cfg = resolve_once(cfg)
+            metrics = train(cfg)
+    finally:
+        if launched_here:  # the next job of a multirun resolves its own config
+            os.environ.pop(RESOLVED_CONFIG_ENV, None)
+    metric = cfg.get("optimized_metric")
+    if metric and metric not in metrics:
+        raise ConfigError(f"optimized_metric={metric} was not logged; available: {sorted(metrics)}")
+    return metrics.get(metric) if metric else None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Helpers for the entry points: config checks, instantiation, error reporting."""

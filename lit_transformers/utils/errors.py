@@ -1,0 +1,39 @@
+"""Turn the errors a user causes (config, paths, data, diverging loss) into one paragraph and exit 1."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+
+from hydra.errors import HydraException
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from omegaconf.errors import OmegaConfBaseException
+
+log = logging.getLogger(__name__)
+
+USER_ERRORS = (
+    HydraException,  # includes InstantiationException: a constructor rejected a config value
+    OmegaConfBaseException,
+    MisconfigurationException,
+    FileNotFoundError,
+    FloatingPointError,
+    ValueError,
+    KeyError,
+    ImportError,
+)
+
+
+@contextlib.contextmanager
+def report_user_errors():
+    """``HYDRA_FULL_ERROR=1`` keeps the full traceback, as in every Hydra app."""
+    try:
+        yield
+    except USER_ERRORS as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        message = str(err).strip() or type(err).__name__
+        log.error("%s: %s", type(err).__name__, message)
+        print(f"\nError: {message}\n(set HYDRA_FULL_ERROR=1 for the full traceback)", file=sys.stderr)
+        sys.exit(1)
