@@ -62,6 +62,8 @@ def config_from_hf(hf: dict) -> GPTConfig:
     activation = hf.get("activation_function", "gelu_new")
     if activation not in HF_ACTIVATIONS:
         raise ValueError(f"Unsupported GPT-2 activation {activation!r}; supported: {sorted(HF_ACTIVATIONS)}")
+    if not hf.get("scale_attn_weights", True) or hf.get("add_cross_attention"):
+        raise ValueError("GPT-2 variants without scale_attn_weights or with add_cross_attention are not supported")
     if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn"):
         raise ValueError("GPT-2 variants with scale_attn_by_inverse_layer_idx/reorder_and_upcast_attn are not supported")
     return GPTConfig(
@@ -106,8 +108,8 @@ def to_hf_model(model: GPT):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     c = model.config
-    if c.position != "learned" or not c.bias or not c.tie_embeddings:
-        raise ValueError("Only GPT-2 shaped models (learned positions, biases, tied embeddings) export to HF GPT-2")
+    if c.position != "learned" or not c.bias:
+        raise ValueError("Only GPT-2 shaped models (position=learned, bias=true) export to HF GPT-2")
     activation = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}[c.activation]
     hf_config = GPT2Config(
         vocab_size=c.vocab_size,
@@ -121,6 +123,7 @@ def to_hf_model(model: GPT):
         resid_pdrop=c.dropout,
         embd_pdrop=c.dropout,
         attn_pdrop=c.dropout,
+        tie_word_embeddings=c.tie_embeddings,
     )
     hf_model = GPT2LMHeadModel(hf_config)
     ours = model.state_dict()

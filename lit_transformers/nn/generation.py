@@ -83,7 +83,8 @@ def generate(
     caches = None
     if use_cache:
         dtype = next(model.parameters()).dtype
-        caches = model.new_caches(B, T + max_new_tokens, input_ids.device, dtype)
+        # the last sampled token is never fed back, so the cache needs T + max_new_tokens - 1 slots
+        caches = model.new_caches(B, T + max(max_new_tokens - 1, 0), input_ids.device, dtype)
 
     tokens, step_ids, step_pos = input_ids, input_ids, positions
     finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)

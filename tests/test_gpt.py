@@ -1,0 +1,153 @@
+"""GPT: Hugging Face GPT-2 parity (from_hf / to_hf), causality, KV cache, GPT-2 init, tied embeddings."""
+
+import math
+
+import pytest
+import torch
+
+from lit_transformers.models import GPT, GPTConfig
+from lit_transformers.nn import left_pad
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(vocab_size=97, n_positions=48, n_embd=32, n_layer=2, n_head=4)
+
+
+def _hf_model(**overrides):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(**{**SMALL, **overrides}, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # HF initialises biases and LayerNorms to 0/1; make every mapping visible
+        for name, p in model.named_parameters():
+            if p.ndim == 1:
+                p.normal_(0.5 if "ln" in name else 0.0, 0.1)
+    return model
+
+
+def _tokens(B=2, T=20, seed=1):
+    return torch.randint(0, SMALL["vocab_size"], (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("activation", ["gelu_new", "relu"])
+def test_from_hf_model_object_matches_gpt2_logits(activation):
+    hf = _hf_model(activation_function=activation, n_inner=48)
+    ours = GPT.from_hf(hf).eval()
+    x = _tokens()
+    torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-4, rtol=0)
+
+
+def test_from_hf_safetensors_directory_matches_gpt2_logits(tmp_path):
+    hf = _hf_model()
+    hf.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    ours = GPT.from_hf(tmp_path).eval()
+    x = _tokens()
+    torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-4, rtol=0)
+
+
+def test_from_hf_rejects_missing_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        GPT.from_hf(tmp_path)
+
+
+def test_to_hf_round_trip_matches_our_logits(tmp_path):
+    torch.manual_seed(3)
+    ours = GPT(GPTConfig(vocab_size=97, block_size=48, n_layer=2, n_head=4, d_model=32)).eval()
+    x = _tokens()
+    hf = ours.to_hf(tmp_path)
+    torch.testing.assert_close(hf(x).logits, ours(x), atol=1e-4, rtol=0)
+    reloaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(reloaded(x).logits, ours(x), atol=1e-4, rtol=0)
+    torch.testing.assert_close(GPT.from_hf(tmp_path).eval()(x), ours(x), atol=1e-5, rtol=0)
+
+
+def test_untied_gpt2_round_trips():
+    hf = _hf_model(tie_word_embeddings=False)
+    with torch.no_grad():
+        hf.lm_head.weight.normal_(0, 0.02)
+    ours = GPT.from_hf(hf).eval()
+    assert not ours.config.tie_embeddings
+    x = _tokens()
+    torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-4, rtol=0)
+    torch.testing.assert_close(ours.to_hf()(x).logits, hf(x).logits, atol=1e-4, rtol=0)
+
+
+def _gpt(position="learned", **kw):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=97, block_size=40, n_layer=2, n_head=4, d_model=32, position=position, **kw)).eval()
+
+
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope"])
+def test_outputs_up_to_t_ignore_tokens_after_t(position):
+    model = _gpt(position)
+    x = _tokens(T=16)
+    changed = x.clone()
+    changed[:, 9:] = (x[:, 9:] + 5) % 97
+    a, b = model(x), model(changed)
+    torch.testing.assert_close(a[:, :9], b[:, :9])
+    assert not torch.allclose(a[:, 9:], b[:, 9:])
+
+
+@pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope"])
+def test_kv_cache_decoding_equals_full_forward(position):
+    model = _gpt(position)
+    x = _tokens(T=12)
+    full = model(x)
+    caches = model.new_caches(2, 12)
+    steps = [model(x[:, :5], caches=caches)] + [model(x[:, t : t + 1], caches=caches) for t in range(5, 12)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("position", ["learned", "rope"])
+def test_kv_cache_with_left_padding_equals_each_prompt_alone(position):
+    """Prefill a left-padded batch, decode token by token; each row's logits equal its unpadded full pass."""
+    model = _gpt(position)
+    rows = [_tokens(1, 11, seed=5)[0].tolist(), _tokens(1, 6, seed=6)[0].tolist()]
+    prompt_len = [7, 2]
+    ids, valid = left_pad([r[:n] for r, n in zip(rows, prompt_len)], pad_id=0)
+    width = ids.size(1)
+    positions = (valid.cumsum(-1) - 1).clamp(min=0)
+    caches = model.new_caches(2, width + 4)
+    mask = valid[:, None, None, :] | torch.eye(width, dtype=torch.bool)  # pad queries see themselves
+    logits = [model(ids, position_ids=positions, mask=mask, caches=caches)[:, -1]]
+    for step in range(4):
+        nxt = torch.tensor([[rows[i][prompt_len[i] + step]] for i in range(2)])
+        valid = torch.cat([valid, torch.ones(2, 1, dtype=torch.bool)], dim=1)
+        positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
+        logits.append(model(nxt, position_ids=positions[:, -1:], mask=valid[:, None, None, :], caches=caches)[:, -1])
+    for i in range(2):
+        alone = model(torch.tensor([rows[i][: prompt_len[i] + 4]]))[0, prompt_len[i] - 1 :]
+        torch.testing.assert_close(torch.stack([lg[i] for lg in logits]), alone, atol=1e-5, rtol=1e-5)
+
+
+def test_gpt2_init_std_and_scaled_residual_projections():
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=1000, block_size=64, n_layer=8, n_head=4, d_model=256)
+    model = GPT(config)
+    residual_std = 0.02 / math.sqrt(2 * config.n_layer)
+    for name, p in model.named_parameters():
+        if name.endswith(("attn.out_proj.weight", "mlp.proj.weight")):
+            assert p.std().item() == pytest.approx(residual_std, rel=0.05), name
+        elif name.endswith(("qkv_proj.weight", "mlp.fc.weight", "tok_emb.weight", "pos_emb.weight")):
+            assert p.std().item() == pytest.approx(0.02, rel=0.05), name
+        elif name.endswith("bias") and "ln" not in name:
+            assert torch.all(p == 0), name
+        elif "ln" in name:
+            assert torch.all(p == (1 if name.endswith("weight") else 0)), name
+
+
+def test_tied_embeddings_share_one_tensor():
+    tied, untied = _gpt(), _gpt(tie_embeddings=False)
+    assert tied.lm_head.weight is tied.tok_emb.weight
+    assert untied.lm_head.weight is not untied.tok_emb.weight
+    assert untied.num_params() - tied.num_params() == 97 * 32
+    tied(_tokens()).sum().backward()
+    assert tied.tok_emb.weight.grad is not None
+
+
+def test_sequence_longer_than_block_size_is_an_error():
+    model = _gpt()
+    with pytest.raises(ValueError, match="block_size"):
+        model(torch.zeros(1, 41, dtype=torch.long))
+    with pytest.raises(ValueError, match="block_size"):
+        model.new_caches(1, 41)
