@@ -124,6 +124,9 @@ def to_hf_model(model: GPT):
         embd_pdrop=c.dropout,
         attn_pdrop=c.dropout,
         tie_word_embeddings=c.tie_embeddings,
+        # GPT-2's BOS/EOS id 50256 does not exist in a smaller vocabulary; set them from your tokenizer
+        bos_token_id=50256 if c.vocab_size > 50256 else None,
+        eos_token_id=50256 if c.vocab_size > 50256 else None,
     )
     hf_model = GPT2LMHeadModel(hf_config)
     ours = model.state_dict()
