@@ -1,0 +1,192 @@
+"""Image-caption pairs for CLIP: sklearn digits with templated captions, or a CSV/JSONL of ``image, caption`` rows.
+
+Rows that share an image path are one image with several captions: training draws one at random, and
+retrieval counts any of them as a hit. Captions are tokenized by a BPE tokenizer trained on the train split.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from lit_transformers.data.images import Transformed, build_transform, load_image_splits, make_loader
+from lit_transformers.data.tokenizer import Tokenizer
+
+
+def tokenize(tokenizer: Tokenizer, texts: Sequence[str], context_length: int) -> torch.Tensor:
+    """(N, context_length) ids: each caption truncated to context_length - 1 tokens, then EOS, then padding."""
+    ids = torch.full((len(texts), context_length), tokenizer.pad_id, dtype=torch.long)
+    for row, tokens in enumerate(tokenizer.encode_batch(texts)):
+        tokens = [*tokens[: context_length - 1], tokenizer.eos_id]
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+    return ids
+
+
+def read_caption_table(path: str | Path, image_key: str = "image", caption_key: str = "caption",
+                       image_root: str | Path | None = None) -> dict[Path, list[str]]:
+    """{image path: its captions} from a .csv (header row) or .jsonl file; relative paths are taken from
+    ``image_root`` (default: the file's folder)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"Caption file {path} not found; set data.path=<.csv or .jsonl of image, caption>")
+    with open(path, encoding="utf-8") as f:
+        if path.suffix == ".jsonl":
+            rows = [json.loads(line) for line in f if line.strip()]
+        elif path.suffix == ".csv":
+            rows = list(csv.DictReader(f))
+        else:
+            raise ValueError(f"Caption file {path} must end in .csv or .jsonl")
+    if not rows:
+        raise ValueError(f"Caption file {path} has no rows; it needs '{image_key}' and '{caption_key}' columns")
+    missing = [key for key in (image_key, caption_key) if key not in rows[0]]
+    if missing:
+        raise ValueError(f"Caption file {path} lacks column(s) {missing} (has {sorted(rows[0])}); "
+                         "set data.image_key/data.caption_key")
+    root = Path(image_root).expanduser() if image_root else path.parent
+    table: dict[Path, list[str]] = {}
+    for row in rows:
+        table.setdefault(root / row[image_key], []).append(str(row[caption_key]))
+    absent = [str(p) for p in table if not p.is_file()]
+    if absent:
+        raise FileNotFoundError(f"{len(absent)} image(s) listed in {path} do not exist, e.g. {absent[0]}; "
+                                "set data.image_root to the folder they are relative to")
+    return table
+
+
+class ImageFiles(Dataset):
+    """Images read from paths, unlabelled (label -1), matching the (PIL image, label) sources in ``images``."""
+
+    def __init__(self, paths: Sequence[Path]):
+        self.paths = list(paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[Image.Image, int]:
+        with Image.open(self.paths[i]) as image:
+            return image.convert("RGB"), -1
+
+
+class CaptionDataset(Dataset):
+    """One item per image with one of its captions: random when training, fixed (cycling) when evaluating."""
+
+    def __init__(self, images: Dataset, captions: list[list[str]], tokenizer: Tokenizer, context_length: int,
+                 train: bool):
+        self.images, self.captions, self.train = images, captions, train
+        self.tokenizer, self.context_length = tokenizer, context_length
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> dict:
+        image, label = self.images[i]
+        options = self.captions[i]
+        caption = random.choice(options) if self.train else options[i % len(options)]
+        ids = tokenize(self.tokenizer, [caption], self.context_length)[0]
+        return {"image": image, "input_ids": ids, "image_index": i, "label": label}
+
+
+class CaptionDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        source: str = "digits",
+        path: str | None = None,
+        image_root: str | None = None,
+        image_key: str = "image",
+        caption_key: str = "caption",
+        train_templates: Sequence[str] = (),
+        test_templates: Sequence[str] = (),
+        vocab_size: int = 512,
+        context_length: int = 16,
+        img_size: int = 8,
+        in_chans: int = 1,
+        mean: Sequence[float] = (0.5,),
+        std: Sequence[float] = (0.5,),
+        transform: dict | None = None,
+        batch_size: int = 64,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.2,
+        num_workers: int = 0,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.datasets: dict[str, CaptionDataset] = {}
+        self.tokenizer: Tokenizer | None = None
+        self.class_names: list[str] = []  # digits only: zero-shot classification needs labels
+        self.templates: dict[str, list[str]] = {}  # split -> zero-shot prompt templates
+
+    def _digits(self) -> tuple[dict[str, Dataset], dict[str, list[list[str]]]]:
+        h = self.hparams
+        if not h.train_templates or not h.test_templates:
+            raise ValueError("Digit captions need data.train_templates and data.test_templates (strings with '{}')")
+        splits, self.class_names = load_image_splits("digits", None, False, h.val_fraction, h.test_fraction, h.seed)
+        # val reuses the training templates; test prompts are worded in ways training never saw
+        self.templates = {"val": list(h.train_templates), "test": list(h.test_templates)}
+        self.templates["train"] = self.templates["val"]
+        captions = {
+            name: [[t.format(self.class_names[label]) for t in self.templates[name]] for _, label in split]
+            for name, split in splits.items()
+        }
+        return splits, captions
+
+    def _table(self) -> tuple[dict[str, Dataset], dict[str, list[list[str]]]]:
+        h = self.hparams
+        if h.path is None:
+            raise ValueError("data.path is required for source=table; set data.path=<.csv or .jsonl>")
+        table = read_caption_table(h.path, h.image_key, h.caption_key, h.image_root)
+        paths = list(table)
+        order = np.random.default_rng(h.seed).permutation(len(paths)).tolist()
+        n_val, n_test = round(len(paths) * h.val_fraction), round(len(paths) * h.test_fraction)
+        parts = {"val": order[:n_val], "test": order[n_val : n_val + n_test], "train": order[n_val + n_test :]}
+        empty = [name for name, idx in parts.items() if not idx]
+        if empty:
+            raise ValueError(f"{h.path} has {len(paths)} images, too few for a non-empty {empty} split; "
+                             "add images or change data.val_fraction/test_fraction")
+        splits = {name: ImageFiles([paths[i] for i in idx]) for name, idx in parts.items()}
+        return splits, {name: [table[paths[i]] for i in idx] for name, idx in parts.items()}
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        h = self.hparams
+        if h.source not in ("digits", "table"):
+            raise ValueError(f"Unknown caption source {h.source!r}; choose digits or table (CSV/JSONL)")
+        splits, self.captions = self._digits() if h.source == "digits" else self._table()
+        train_texts = list(dict.fromkeys(c for caps in self.captions["train"] for c in caps))
+        self.tokenizer = Tokenizer.train(train_texts, "bpe", h.vocab_size)  # deterministic: same on every rank
+        for name, split in splits.items():
+            transform = build_transform(name == "train", h.img_size, h.in_chans, h.mean, h.std, **(h.transform or {}))
+            self.datasets[name] = CaptionDataset(
+                Transformed(split, transform), self.captions[name], self.tokenizer, h.context_length, name == "train"
+            )
+
+    def retrieval_targets(self, split: str) -> tuple[list[str], torch.Tensor]:
+        """The split's distinct caption texts and a (n_texts, n_images) bool matrix: text j describes image i.
+        Identical texts are merged, so every image a text describes counts as a hit for it."""
+        texts = list(dict.fromkeys(c for caps in self.captions[split] for c in caps))
+        column = {t: j for j, t in enumerate(texts)}
+        relevant = torch.zeros(len(texts), len(self.captions[split]), dtype=torch.bool)
+        for i, caps in enumerate(self.captions[split]):
+            relevant[[column[c] for c in caps], i] = True
+        return texts, relevant
+
+    def train_dataloader(self) -> DataLoader:
+        h = self.hparams
+        # a ragged last batch would give a step with fewer negatives (and uneven all_gather shapes under DDP)
+        return make_loader(self.datasets["train"], h.batch_size, True, h.num_workers, drop_last=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return make_loader(self.datasets["val"], self.hparams.batch_size, False, self.hparams.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return make_loader(self.datasets["test"], self.hparams.batch_size, False, self.hparams.num_workers)

@@ -1,0 +1,248 @@
+"""Image sources, transforms and loaders shared by ViT classification and CLIP, and the classification datamodule.
+
+Every source yields ``(PIL image, class index)`` pairs; a split's transform is applied on top (``Transformed``),
+so the same image pipeline serves sklearn digits, an ``ImageFolder`` tree and torchvision CIFAR/MNIST.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import timm.data
+import torch
+from PIL import Image
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from torch.utils.data import DataLoader, Dataset, Subset, default_collate
+from torchvision import datasets, transforms
+
+SOURCES = ("digits", "folder", "cifar10", "cifar100", "mnist")
+TORCHVISION = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100, "mnist": datasets.MNIST}
+DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
+
+class Digits(Dataset):
+    """scikit-learn's bundled 8x8 handwritten digits (values 0..16) as grayscale PIL images."""
+
+    def __init__(self):
+        bunch = load_digits()
+        self.images = (bunch.images * (255 / 16)).round().astype(np.uint8)  # (1797, 8, 8)
+        self.targets = bunch.target.tolist()
+        self.classes = list(DIGIT_NAMES)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int) -> tuple[Image.Image, int]:
+        return Image.fromarray(self.images[i], mode="L"), self.targets[i]
+
+
+class Transformed(Dataset):
+    """Applies a split's transform to an untransformed ``(image, label)`` dataset."""
+
+    def __init__(self, dataset: Dataset, transform: Callable):
+        self.dataset, self.transform = dataset, transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        image, label = self.dataset[i]
+        return self.transform(image), label
+
+
+def stratified_split(
+    targets: Sequence[int], val_fraction: float, test_fraction: float, seed: int, splits=("train", "val", "test")
+) -> dict[str, list[int]]:
+    """Indices per split with every class in the same proportion (sklearn ``train_test_split(stratify=...)``)."""
+    index = np.arange(len(targets))
+    targets = np.asarray(targets)
+    held_out = val_fraction + test_fraction
+    train, rest = train_test_split(index, test_size=held_out, stratify=targets, random_state=seed)
+    if len(splits) == 2:
+        return {splits[0]: sorted(train), splits[1]: sorted(rest)}
+    val, test = train_test_split(rest, test_size=test_fraction / held_out, stratify=targets[rest], random_state=seed)
+    return {"train": sorted(train), "val": sorted(val), "test": sorted(test)}
+
+
+def _targets(dataset) -> list[int]:
+    return list(dataset.targets)
+
+
+def load_image_splits(
+    source: str,
+    root: str | None = None,
+    download: bool = False,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> tuple[dict[str, Dataset], list[str]]:
+    """``{"train", "val", "test"}`` datasets of (PIL image, label) and the class names.
+
+    digits: stratified split. folder: ``root/{train,val[,test]}`` class folders (test falls back to val), or one
+    class-folder tree that is split stratified. cifar10/cifar100/mnist: the official test set, val split off train.
+    """
+    if source not in SOURCES:
+        raise ValueError(f"Unknown image source {source!r}; choose one of {SOURCES}")
+    if source == "digits":
+        full = Digits()
+        return {k: Subset(full, v) for k, v in stratified_split(full.targets, val_fraction, test_fraction, seed).items()}, full.classes
+    if root is None:
+        raise ValueError(f"data.root is required for source={source}; set data.root=/path/to/images")
+    root_path = Path(root).expanduser()
+    if source == "folder":
+        if not root_path.is_dir():
+            raise FileNotFoundError(f"Image folder {root_path} not found; set data.root=<folder of class subfolders>")
+        if (root_path / "train").is_dir():
+            if not (root_path / "val").is_dir():
+                raise FileNotFoundError(f"{root_path}/train exists but {root_path}/val does not; add a val/ folder")
+            found = {s: datasets.ImageFolder(root_path / s) for s in ("train", "val", "test") if (root_path / s).is_dir()}
+            found.setdefault("test", found["val"])
+            if found["val"].classes != found["train"].classes:
+                raise ValueError(f"Class folders differ between {root_path}/train and {root_path}/val")
+            return found, found["train"].classes
+        full = datasets.ImageFolder(root_path)
+        parts = stratified_split(_targets(full), val_fraction, test_fraction, seed)
+        return {k: Subset(full, v) for k, v in parts.items()}, full.classes
+    cls = TORCHVISION[source]
+    try:
+        train_full = cls(root_path, train=True, download=download)
+        test = cls(root_path, train=False, download=download)
+    except RuntimeError as err:
+        raise FileNotFoundError(f"{source} not found under {root_path} ({err}); set data.download=true to fetch it") from err
+    parts = stratified_split(_targets(train_full), val_fraction, 0.0, seed, splits=("train", "val"))
+    return {"train": Subset(train_full, parts["train"]), "val": Subset(train_full, parts["val"]), "test": test}, list(
+        train_full.classes
+    )
+
+
+class ToMode:
+    """PIL ``convert`` as a picklable transform (DataLoader workers may be spawned)."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+
+    def __call__(self, image: Image.Image) -> Image.Image:
+        return image.convert(self.mode)
+
+
+def build_transform(
+    train: bool,
+    img_size: int,
+    in_chans: int = 3,
+    mean: Sequence[float] = (0.485, 0.456, 0.406),
+    std: Sequence[float] = (0.229, 0.224, 0.225),
+    recipe: str = "small",
+    **options,
+) -> Callable:
+    """PIL image -> normalised (in_chans, img_size, img_size) tensor.
+
+    recipe=small: resize, plus a random affine jitter (``degrees``, ``translate``, ``scale``) when training;
+    for tiny images such as 8x8 digits, where crops and flips would destroy the content.
+    recipe=timm: ``timm.data.create_transform`` (RandomResizedCrop, flip, RandAugment via ``auto_augment``,
+    random erasing via ``re_prob``; resize + center crop by ``crop_pct`` at eval), the DeiT pipeline.
+    """
+    if len(mean) != in_chans or len(std) != in_chans:
+        raise ValueError(f"data.mean/std need {in_chans} values (one per channel), got {list(mean)} / {list(std)}")
+    mode = ToMode("RGB" if in_chans == 3 else "L")
+    if recipe == "timm":
+        return transforms.Compose(
+            [mode, timm.data.create_transform(img_size, is_training=train, mean=tuple(mean), std=tuple(std), **options)]
+        )
+    if recipe != "small":
+        raise ValueError(f"Unknown transform recipe {recipe!r}; choose small or timm")
+    steps = [mode, transforms.Resize((img_size, img_size), antialias=True)]
+    if train:
+        steps.append(
+            transforms.RandomAffine(
+                options.get("degrees", 0), options.get("translate"), options.get("scale"),
+                interpolation=transforms.InterpolationMode.BILINEAR,
+            )
+        )
+    return transforms.Compose([*steps, transforms.ToTensor(), transforms.Normalize(mean, std)])
+
+
+def make_loader(
+    dataset: Dataset, batch_size: int, train: bool, num_workers: int = 0, collate_fn=None, drop_last: bool = False
+) -> DataLoader:
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=train,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+        collate_fn=collate_fn,
+        drop_last=drop_last,
+    )
+
+
+class MixupCollate:
+    """timm Mixup/CutMix on whole batches: labels become (B, num_classes) soft targets (label smoothing included)."""
+
+    def __init__(self, mixup: timm.data.Mixup):
+        self.mixup = mixup
+
+    def __call__(self, batch):
+        images, labels = default_collate(batch)
+        return self.mixup(images, labels)
+
+
+class ImageClassificationDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        source: str = "digits",
+        root: str | None = None,
+        download: bool = False,
+        img_size: int = 8,
+        in_chans: int = 1,
+        mean: Sequence[float] = (0.5,),
+        std: Sequence[float] = (0.5,),
+        transform: dict | None = None,
+        mixup: dict | None = None,
+        batch_size: int = 64,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.2,
+        num_workers: int = 0,
+        seed: int = 0,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.datasets: dict[str, Dataset] = {}
+        self.class_names: list[str] = []
+
+    @property
+    def num_classes(self) -> int:
+        if not self.class_names:
+            raise RuntimeError("num_classes is known after datamodule.setup()")
+        return len(self.class_names)
+
+    def prepare_data(self) -> None:
+        h = self.hparams
+        if h.download and h.source in TORCHVISION:  # rank 0 only; setup() then finds the files
+            load_image_splits(h.source, h.root, True, h.val_fraction, h.test_fraction, h.seed)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        h = self.hparams
+        splits, self.class_names = load_image_splits(h.source, h.root, False, h.val_fraction, h.test_fraction, h.seed)
+        for name, dataset in splits.items():
+            transform = build_transform(name == "train", h.img_size, h.in_chans, h.mean, h.std, **(h.transform or {}))
+            self.datasets[name] = Transformed(dataset, transform)
+        if h.mixup and h.batch_size % 2:
+            raise ValueError(f"Mixup pairs each image with another: data.batch_size={h.batch_size} must be even")
+
+    def train_dataloader(self) -> DataLoader:
+        h = self.hparams
+        collate = MixupCollate(timm.data.Mixup(**h.mixup, num_classes=self.num_classes)) if h.mixup else None
+        # timm Mixup needs full, even batches, so a ragged last batch is dropped when mixing
+        return make_loader(self.datasets["train"], h.batch_size, True, h.num_workers, collate, drop_last=bool(h.mixup))
+
+    def val_dataloader(self) -> DataLoader:
+        return make_loader(self.datasets["val"], self.hparams.batch_size, False, self.hparams.num_workers)
+
+    def test_dataloader(self) -> DataLoader:
+        return make_loader(self.datasets["test"], self.hparams.batch_size, False, self.hparams.num_workers)

@@ -1,0 +1,27 @@
+"""Image backbones by timm name: the one entry point ViT classification and the CLIP image tower share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import timm
+from torch import nn
+
+
+def create_backbone(name: str, pretrained: bool = False, pretrained_file: str | None = None, **kwargs) -> nn.Module:
+    """``timm.create_model(name, **kwargs)``; keys set to None are dropped so that ViT-only knobs
+    (``patch_size``, ``class_token``, ...) can stay in the config when the name is a CNN.
+
+    Offline fine-tuning: ``pretrained=True`` with ``pretrained_file`` loads that local file through timm's
+    own mechanism, which resamples position embeddings to ``img_size`` and drops a classifier of another size.
+    """
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    if pretrained_file is not None:
+        if not Path(pretrained_file).is_file():
+            raise FileNotFoundError(f"pretrained_file={pretrained_file} not found; set model.backbone.pretrained_file=...")
+        if not pretrained:
+            raise ValueError("pretrained_file is set but pretrained=false; set model.backbone.pretrained=true")
+        kwargs["pretrained_cfg_overlay"] = {"file": str(pretrained_file)}
+    if not timm.is_model(name):
+        raise ValueError(f"Unknown timm model {name!r}; see timm.list_models('vit_*') for names")
+    return timm.create_model(name, pretrained=pretrained, **kwargs)

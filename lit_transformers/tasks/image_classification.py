@@ -1,0 +1,116 @@
+"""Image classification with any timm backbone (ViT, DeiT, ...): cross-entropy or Mixup soft targets."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from timm.loss import SoftTargetCrossEntropy
+from timm.optim import param_groups_layer_decay
+from torch import nn
+from torchmetrics import MaxMetric, MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
+
+from lit_transformers.models.backbone import create_backbone
+from lit_transformers.tasks.base import Task
+from lit_transformers.tasks.evaluation import log_image, matrix_image
+
+
+class ImageClassificationTask(Task):
+    def __init__(
+        self,
+        model: dict,
+        optimizer: partial,
+        scheduler: partial | None = None,
+        init_from: str | None = None,
+        compile: bool = False,
+        label_smoothing: float = 0.0,
+        layer_decay: float | None = None,
+        per_class_limit: int = 100,
+        class_names: list[str] | None = None,
+    ):
+        super().__init__(optimizer, scheduler, init_from, compile)
+        self.save_hyperparameters(logger=False)
+        self.soft_target_loss = SoftTargetCrossEntropy()
+        self.val_acc_best = MaxMetric()
+
+    def build_model(self) -> nn.Module:
+        datamodule = self._trainer.datamodule if self._trainer is not None else None
+        if datamodule is not None:
+            self.hparams.class_names = list(datamodule.class_names)  # kept in the checkpoint for reloading
+        if not self.hparams.class_names:
+            raise ValueError("No class names: train with a datamodule, or pass task.class_names")
+        n = len(self.hparams.class_names)
+        # metrics need the class count too, so they are made here with the model
+        top = {"acc": MulticlassAccuracy(n, top_k=1), f"acc_top{min(5, n)}": MulticlassAccuracy(n, top_k=min(5, n))}
+        self.val_metrics = MetricCollection(top, prefix="val/")
+        self.test_metrics = self.val_metrics.clone(prefix="test/")
+        self.test_per_class = MulticlassAccuracy(n, average=None)
+        self.test_confusion = MulticlassConfusionMatrix(n)
+        return create_backbone(**self.hparams.model["backbone"], num_classes=n)
+
+    def param_groups(self) -> list[dict]:
+        """With ``layer_decay``, timm's groups: lr scaled by layer_decay^(depth - layer) ("lr_scale", applied
+        in ``Task.configure_optimizers`` and kept by the scheduler), and no decay on ``no_weight_decay()``."""
+        if self.hparams.layer_decay is None:
+            return super().param_groups()
+        return param_groups_layer_decay(
+            self.model,
+            weight_decay=self.hparams.optimizer.keywords.get("weight_decay", 0.0),
+            no_weight_decay_list=getattr(self.model, "no_weight_decay", lambda: set())(),
+            layer_decay=self.hparams.layer_decay,
+        )
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images)
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Hard labels (B,): smoothed cross-entropy. Mixup/CutMix soft targets (B, C): SoftTargetCrossEntropy,
+        whose targets already carry the label smoothing."""
+        if targets.ndim == 2:
+            return self.soft_target_loss(logits.float(), targets)
+        return F.cross_entropy(logits.float(), targets, label_smoothing=self.hparams.label_smoothing)
+
+    def training_step(self, batch, batch_idx):
+        images, targets = batch
+        logits = self.model(images)  # (B, n_classes)
+        loss = self.loss(logits, targets)
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        if targets.ndim == 1:
+            self.log("train/acc", (logits.argmax(-1) == targets).float().mean(), on_step=True, on_epoch=False)
+        return loss
+
+    def _eval_step(self, batch, metrics: MetricCollection) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = batch
+        logits = self.model(images)
+        stage = metrics.prefix.rstrip("/")
+        self.log(f"{stage}/loss", F.cross_entropy(logits.float(), labels), on_epoch=True, prog_bar=True, sync_dist=True)
+        metrics(logits, labels)
+        self.log_dict(metrics, on_epoch=True, prog_bar=stage == "val")
+        return logits, labels
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, self.val_metrics)
+
+    def on_validation_epoch_end(self):
+        acc = self.trainer.callback_metrics.get("val/acc")
+        if acc is not None and not self.trainer.sanity_checking:
+            self.val_acc_best(acc)
+            self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
+
+    def test_step(self, batch, batch_idx):
+        logits, labels = self._eval_step(batch, self.test_metrics)
+        self.test_per_class.update(logits, labels)
+        self.test_confusion.update(logits, labels)
+
+    def on_test_epoch_end(self):
+        per_class = self.test_per_class.compute()  # (C,) recall of each class, synced over ranks
+        self.log("test/acc_class_min", per_class.min())
+        names = self.hparams.class_names
+        if len(names) <= self.hparams.per_class_limit:
+            self.log_dict({f"test/acc_class/{name}": acc for name, acc in zip(names, per_class)})
+        confusion = self.test_confusion.compute().float()  # (true, predicted) counts
+        log_image(self.trainer, "test/confusion_matrix", matrix_image(confusion / confusion.sum(1, keepdim=True).clamp(min=1)))
+        self.test_per_class.reset()
+        self.test_confusion.reset()
