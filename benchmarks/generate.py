@@ -32,7 +32,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--uncached-new-tokens", type=int, default=64,
                    help="new tokens for the (slow, quadratic) uncached run")
     p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--lengths", type=int, nargs="+", default=[16, 64, 128, 256, 384, 496],
                    help="sequence lengths for the per-token table")
     p.add_argument("--threads", type=int, default=None)

@@ -2,6 +2,7 @@
 
     python benchmarks/gpt_step.py                 # eager, defaults: 6 layers, d_model 384, context 256
     python benchmarks/gpt_step.py --compile       # torch.compile both models (our config: task.compile=true)
+    python benchmarks/gpt_step.py --compile ours  # our compiled model vs HF eager
 
 Both models start from the same weights (ours exported with ``to_hf``), see the same batches, use the
 same loss (next-token cross-entropy on the logits) and the same AdamW settings. Runs alternate between
@@ -32,7 +33,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per run")
     p.add_argument("--repeats", type=int, default=5, help="alternating (ours, HF) run pairs")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model before timing")
-    p.add_argument("--compile", action="store_true", help="torch.compile both models")
+    p.add_argument("--compile", nargs="?", const="both", choices=["both", "ours"], default=None,
+                   help="torch.compile both models (default when given) or only ours (task.compile=true) vs eager HF")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     return p.parse_args()
 
@@ -84,7 +86,7 @@ def main() -> None:
     for name, (model, logits_of) in models.items():
         # identical optimizer settings for both (torch's default multi-tensor AdamW on CPU)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
-        if args.compile:
+        if args.compile == "both" or (args.compile == "ours" and name == "ours"):
             model = torch.compile(model)
         steps[name] = make_step(model, logits_of, optimizer)
 
@@ -106,7 +108,8 @@ def main() -> None:
     L, T, d = args.n_layer, args.block_size, args.d_model
     flops_per_token = 6 * n_params + 12 * L * T * d  # forward+backward matmuls + attention scores/values
     peak = matmul_flops()
-    print(f"\nGPT training step  ({'torch.compile' if args.compile else 'eager'}, fp32, "
+    mode = {None: "eager", "both": "torch.compile both", "ours": "torch.compile ours, HF eager"}[args.compile]
+    print(f"\nGPT training step  ({mode}, fp32, "
           f"{torch.get_num_threads()} threads)")
     print(f"config: n_layer={L} d_model={d} n_head={args.n_head} block_size={T} vocab={args.vocab_size} "
           f"batch={args.batch_size}  params={n_params / 1e6:.2f}M  steps/run={args.steps} repeats={args.repeats}")

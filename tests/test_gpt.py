@@ -10,7 +10,7 @@ from lit_transformers.nn import left_pad
 
 transformers = pytest.importorskip("transformers")
 
-SMALL = dict(vocab_size=97, n_positions=48, n_embd=32, n_layer=2, n_head=4)
+SMALL = {"vocab_size": 97, "n_positions": 48, "n_embd": 32, "n_layer": 2, "n_head": 4}
 
 
 def _hf_model(**overrides):

@@ -88,7 +88,7 @@ def _name_pairs(config: GPTConfig):
         yield ours, theirs, False
     for i in range(config.n_layer):
         for ours, theirs in LAYER_NAMES.items():
-            yield f"blocks.{i}.{ours}", f"h.{i}.{theirs}", ours.endswith("proj.weight") or ours.endswith("fc.weight")
+            yield f"blocks.{i}.{ours}", f"h.{i}.{theirs}", ours.endswith(("proj.weight", "fc.weight"))
 
 
 def state_dict_from_hf(hf_state: dict[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
@@ -100,6 +100,8 @@ def state_dict_from_hf(hf_state: dict[str, torch.Tensor], config: GPTConfig) -> 
             raise KeyError(f"Hugging Face checkpoint is missing {hf_name!r}")
         tensor = hf_state[hf_name]
         ours[name] = tensor.t().contiguous() if transpose else tensor
+    if "lm_head.weight" not in hf_state and not config.tie_embeddings:
+        raise KeyError("Untied GPT-2 checkpoint (tie_word_embeddings=false) is missing 'lm_head.weight'")
     ours["lm_head.weight"] = hf_state.get("lm_head.weight", ours["tok_emb.weight"])
     return ours
 
