@@ -43,7 +43,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     try:
         if cfg.train:
-            trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+            # hparams hold the config objects (GPTConfig, optimizer partials), so checkpoints are full pickles
+            trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=False)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         if cfg.test:
             best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""

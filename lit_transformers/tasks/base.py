@@ -71,7 +71,10 @@ class Task(L.LightningModule):
         if self.hparams.scheduler is None:
             return optimizer
         scheduler = self.hparams.scheduler(optimizer, total_steps=self.trainer.estimated_stepping_batches)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"},
+        }
 
     def on_before_optimizer_step(self, optimizer) -> None:
         grads = [p.grad for p in self.parameters() if p.grad is not None]

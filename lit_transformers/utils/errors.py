@@ -34,6 +34,5 @@ def report_user_errors():
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         message = str(err).strip() or type(err).__name__
-        log.error("%s: %s", type(err).__name__, message)
-        print(f"\nError: {message}\n(set HYDRA_FULL_ERROR=1 for the full traceback)", file=sys.stderr)
+        log.error("%s: %s\n(set HYDRA_FULL_ERROR=1 for the full traceback)", type(err).__name__, message)
         sys.exit(1)

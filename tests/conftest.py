@@ -1,0 +1,77 @@
+"""Shared fixtures: compose the real Hydra config (as train.py does) with tiny, fast overrides."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = sorted(p.stem for p in (REPO / "lit_transformers" / "conf" / "experiment").glob("*.yaml"))
+LM_EXPERIMENTS = [name for name in EXPERIMENTS if name.startswith("gpt")]  # image ones: tests/test_vit, test_clip
+
+# a GPT small enough that every stage of a run takes seconds on 2 CPU cores
+TINY_LM = [
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.d_model=32",
+    "model.block_size=32",
+    "data.vocab_size=300",
+    "data.batch_size=8",
+    "trainer.max_steps=4",
+    "trainer.log_every_n_steps=1",
+    "trainer.val_check_interval=2",
+    "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2",
+    "callbacks.progress_bar=null",
+    "callbacks.model_summary=null",
+    "sample.max_new_tokens=8",
+    "callbacks.text_samples.max_new_tokens=8",
+]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> Path:
+    """One tokenizer cache for the session: tokenizers are trained once, as in real use."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def compose_cfg(tmp_path, cache_dir):
+    """compose_cfg(*overrides) -> the composed train config, resolved, writing into tmp_path."""
+
+    def _compose(*overrides: str, resolve: bool = True) -> DictConfig:
+        GlobalHydra.instance().clear()
+        with initialize_config_module("lit_transformers.conf", version_base="1.3"):
+            cfg = compose("train", overrides=[f"paths.cache_dir={cache_dir}", *overrides], return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        with open_dict(cfg):
+            cfg.paths.output_dir = str(tmp_path)
+            cfg.paths.log_dir = str(tmp_path)
+            del cfg.hydra  # read-only; its values live on in HydraConfig for ${hydra:...}
+        if resolve:
+            OmegaConf.resolve(cfg)
+        return cfg
+
+    yield _compose
+    GlobalHydra.instance().clear()
+
+
+def run_cli(*args: str, cwd: Path | str = REPO, env: dict | None = None, timeout: int = 300):
+    """Run the real command line (a fresh process, as a user would) and capture its output."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("LIT_TRANSFORMERS_RESOLVED_CONFIG", None)
+    return subprocess.run(
+        [*args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def train_cli(*overrides: str, **kwargs):
+    return run_cli(sys.executable, str(REPO / "train.py"), *overrides, **kwargs)

@@ -1,0 +1,123 @@
+"""Corpora, the document split, tokenizers and the causal-LM datamodule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lit_transformers.data import CausalLMDataModule, CorpusSpec, Tokenizer, load_documents, split_documents
+
+
+def test_pydoc_corpus_is_real_prose_available_offline():
+    docs = load_documents(CorpusSpec(source="pydoc"))
+    assert len(docs) > 50
+    assert sum(len(text) for _, text in docs) > 400_000
+    assert any("for" in doc_id for doc_id, _ in docs)
+
+
+def test_split_is_by_document_deterministic_and_disjoint():
+    docs = [(f"doc{i}", f"text {i}") for i in range(100)]
+    first = split_documents(docs, 0.1, 0.05, seed=0)
+    again = split_documents(list(reversed(docs)), 0.1, 0.05, seed=0)
+    assert first == again
+    ids = {name: {d for d, _ in split} for name, split in first.items()}
+    assert (len(ids["train"]), len(ids["val"]), len(ids["test"])) == (85, 10, 5)
+    assert not (ids["train"] & ids["val"]) and not (ids["train"] & ids["test"]) and not (ids["val"] & ids["test"])
+    other_seed = split_documents(docs, 0.1, 0.05, seed=1)
+    assert {d for d, _ in other_seed["val"]} != ids["val"]
+
+
+def test_split_rejects_a_corpus_too_small_to_split():
+    with pytest.raises(ValueError, match="too few"):
+        split_documents([("a", "x"), ("b", "y")], 0.1, 0.1)
+
+
+@pytest.mark.parametrize("kind", ["bpe", "char"])
+def test_tokenizer_round_trips_and_keeps_special_ids_distinct(kind, tmp_path):
+    texts = ["def f(x):\n    return x + 1\n", "The for statement loops.\n"] * 20
+    tok = Tokenizer.train(texts, kind=kind, vocab_size=300)
+    assert len({tok.pad_id, tok.bos_id, tok.eos_id}) == 3
+    sample = "def f(x):\n    return x\n"
+    assert tok.decode(tok.encode(sample)) == sample
+    tok.save(tmp_path / "tok.json")
+    reloaded = Tokenizer.from_file(tmp_path / "tok.json")
+    assert reloaded.encode(sample) == tok.encode(sample)
+    assert Tokenizer.from_str(tok.to_str()).vocab_size == tok.vocab_size
+
+
+def test_bpe_encodes_unseen_bytes_without_unknown_tokens():
+    tok = Tokenizer.train(["plain ascii text"] * 10, kind="bpe", vocab_size=300)
+    text = "naïve – 東京 🙂"
+    assert tok.decode(tok.encode(text)) == text
+
+
+def test_folder_of_txt_files_gives_one_document_per_file(tmp_path):
+    for i in range(3):
+        (tmp_path / f"f{i}.txt").write_text(f"file {i}")
+    (tmp_path / "ignored.md").write_text("not text")
+    docs = load_documents(CorpusSpec(source="path", path=str(tmp_path)))
+    assert [d for d, _ in docs] == ["f0.txt", "f1.txt", "f2.txt"]
+
+
+def test_single_file_is_split_into_paragraph_documents(tmp_path):
+    path = tmp_path / "book.txt"
+    path.write_text("first para\nline two\n\nsecond para\n\n\nthird")
+    docs = load_documents(CorpusSpec(source="path", path=str(path)))
+    assert [t.strip() for _, t in docs] == ["first para\nline two", "second para", "third"]
+
+
+def test_missing_and_empty_sources_fail_with_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="data.corpus.path"):
+        load_documents(CorpusSpec(source="path", path=str(tmp_path / "nope.txt")))
+    (tmp_path / "empty.txt").write_text("   \n")
+    with pytest.raises(ValueError, match="no text"):
+        load_documents(CorpusSpec(source="path", path=str(tmp_path / "empty.txt")))
+    with pytest.raises(ValueError, match="data.corpus.source"):
+        load_documents(CorpusSpec(source="s3"))
+
+
+def test_hub_source_reads_local_datasets(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    lines = tmp_path / "corpus.txt"
+    lines.write_text("alpha line\nbeta line\ngamma line\n")
+    via_builder = load_documents(CorpusSpec(source="hub", name="text", data_files=str(lines)))
+    assert [t for _, t in via_builder] == ["alpha line", "beta line", "gamma line"]
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_dict({"body": ["one", "two"]}).save_to_disk(str(saved))
+    docs = load_documents(CorpusSpec(source="hub", name=str(saved), text_field="body"))
+    assert [t for _, t in docs] == ["one", "two"]
+    with pytest.raises(KeyError, match="text_field"):
+        load_documents(CorpusSpec(source="hub", name=str(saved)))
+
+
+def _datamodule(tmp_path, **kwargs) -> CausalLMDataModule:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir(exist_ok=True)
+    for i in range(20):
+        (corpus / f"{i:02d}.txt").write_text(f"Document {i} talks about loops and functions. " * 20)
+    defaults = dict(corpus={"source": "path", "path": str(corpus)}, vocab_size=300, block_size=16, batch_size=4,
+                    val_fraction=0.1, test_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+    return CausalLMDataModule(**{**defaults, **kwargs})
+
+
+def test_datamodule_windows_are_next_token_pairs_and_tokenizer_is_cached(tmp_path):
+    dm = _datamodule(tmp_path)
+    dm.prepare_data()
+    cached = dm.tokenizer_path
+    mtime = cached.stat().st_mtime_ns
+    dm.prepare_data()  # second call reuses the cache (what DDP ranks and reruns do)
+    assert cached.stat().st_mtime_ns == mtime
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["input_ids"].shape == batch["labels"].shape == (4, 16)
+    assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
+    window = dm.datasets["val"][0]
+    stream = dm.datasets["val"].tokens
+    assert torch.equal(window["input_ids"], stream[:16]) and torch.equal(window["labels"], stream[1:17])
+    assert dm.tokenizer.eos_id in stream.tolist()  # documents are separated by EOS
+
+
+def test_split_shorter_than_one_window_names_the_fix(tmp_path):
+    dm = _datamodule(tmp_path, block_size=4096)
+    with pytest.raises(ValueError, match="model.block_size"):
+        dm.setup("fit")

@@ -1,0 +1,172 @@
+"""The command line end to end: composition, every experiment, resume, DDP on CPU, loggers, bad config."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from conftest import EXPERIMENTS, LM_EXPERIMENTS, REPO, TINY_LM, run_cli, train_cli
+from lit_transformers.train import train
+from lit_transformers.utils.config import ConfigError, check_required, check_types, instantiate_group
+
+
+def _metrics(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_default_config_composes_with_every_group(compose_cfg):
+    cfg = compose_cfg()
+    for group in ("data", "model", "task", "callbacks", "logger", "trainer", "paths"):
+        assert group in cfg, group
+    assert cfg.data.block_size == cfg.model.block_size
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_instantiates(compose_cfg, experiment):
+    cfg = compose_cfg(f"experiment={experiment}")
+    check_types(cfg)
+    missing = OmegaConf.missing_keys(cfg)
+    if missing:  # experiments on the user's own data leave its location required
+        assert all(key.startswith("data.") for key in missing), missing
+        with pytest.raises(ConfigError, match="Missing required"):
+            check_required(cfg)
+        return
+    instantiate(cfg.data, _convert_="all")
+    instantiate(cfg.task, model=instantiate(cfg.model), _convert_="object")
+    instantiate_group(cfg.callbacks, "callbacks")
+    instantiate_group(cfg.logger, "logger")
+
+
+@pytest.mark.parametrize("experiment", LM_EXPERIMENTS)
+def test_every_lm_experiment_runs_fast_dev_run(compose_cfg, experiment):
+    cfg = compose_cfg(f"experiment={experiment}", "debug=fdr", "sample=null")
+    metrics = train(cfg)
+    assert metrics and all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+
+
+def test_tiny_run_logs_namespaced_metrics_checkpoints_and_samples(compose_cfg, tmp_path, capsys):
+    metrics = train(compose_cfg(*TINY_LM))
+    rows = _metrics(tmp_path)
+    logged = {k for row in rows for k, v in row.items() if v}
+    for key in ("train/loss", "train/grad_norm", "train/tokens_per_s", "train/lr/pg1", "val/loss", "val/ppl",
+                "val/loss_best", "test/loss", "test/ppl"):
+        assert key in logged, key
+    # perplexity (torchmetrics, token-weighted) is exp of the mean token loss
+    assert metrics["val/ppl"] == pytest.approx(torch.tensor(metrics["val/loss"]).exp().item(), rel=1e-3)
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    assert "step 2" in (tmp_path / "csv" / "samples.txt").read_text()
+    assert "--- sample ---" in capsys.readouterr().out
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert "tokenizer" in ckpt and ckpt["hyper_parameters"]["model"].vocab_size == 300
+
+
+def test_resume_continues_step_optimizer_and_schedule(compose_cfg, tmp_path):
+    train(compose_cfg(*TINY_LM, "test=false", "sample=null"))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    first = torch.load(last, weights_only=False)
+    assert first["global_step"] == 4
+    resumed_dir = tmp_path / "resumed"
+    cfg = compose_cfg(*TINY_LM, "test=false", "sample=null", "trainer.max_steps=8", f"ckpt_path={last}")
+    cfg.paths.output_dir = str(resumed_dir)
+    cfg.callbacks.model_checkpoint.dirpath = str(resumed_dir / "checkpoints")
+    cfg.logger.csv.save_dir = str(resumed_dir)
+    cfg.trainer.default_root_dir = str(resumed_dir)
+    train(cfg)
+    steps = [int(r["step"]) for r in _metrics(resumed_dir) if r.get("train/loss")]
+    assert steps == [4, 5, 6, 7]  # continues at step 4: nothing trained twice or skipped
+    final = torch.load(resumed_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert final["global_step"] == 8
+    adam_steps = {float(s["step"]) for s in final["optimizer_states"][0]["state"].values()}
+    assert adam_steps == {8.0}  # Adam moments carried over, not restarted
+    assert final["lr_schedulers"][0]["last_epoch"] == 8
+
+
+def test_init_from_loads_weights_only(compose_cfg, tmp_path):
+    train(compose_cfg(*TINY_LM, "test=false", "sample=null"))
+    source = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    cfg = compose_cfg(*TINY_LM, "train=false", "sample=null", f"init_from={tmp_path / 'checkpoints' / 'last.ckpt'}")
+    cfg.callbacks.model_checkpoint = None
+    task = instantiate(cfg.task, model=instantiate(cfg.model), init_from=cfg.init_from, _convert_="object")
+    datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule.setup("fit")
+    task._trainer = None
+    task.tokenizer = datamodule.tokenizer
+    task.hparams.model.vocab_size = datamodule.tokenizer.vocab_size
+    task.configure_model()
+    for name, value in task.model.state_dict().items():
+        assert torch.equal(value, source["state_dict"][f"model.{name}"]), name
+
+
+def test_ddp_cpu_two_processes_one_run_dir_all_loggers(tmp_path):
+    run_dir = tmp_path / "run"
+    result = train_cli(
+        *TINY_LM, "trainer=ddp_cpu", "logger=many", f"hydra.run.dir={run_dir}", f"paths.log_dir={tmp_path}",
+        f"paths.cache_dir={tmp_path / 'cache'}", "trainer.max_steps=3", "trainer.val_check_interval=3",
+        "data.batch_size=4",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (run_dir / "train_ddp_process_1.log").is_file()  # rank 1 wrote into the same run folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "run"]  # no second run folder
+    assert list((run_dir / "checkpoints").glob("*.ckpt"))
+    assert _metrics(run_dir)
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((run_dir / "wandb").glob("offline-run-*"))
+    resolved = OmegaConf.load(run_dir / "config_resolved.yaml")
+    assert resolved.trainer.devices == 2 and "${" not in OmegaConf.to_yaml(resolved)
+    ckpt = torch.load(next((run_dir / "checkpoints").glob("last.ckpt")), weights_only=False)
+    assert ckpt["global_step"] == 3
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("experiment=nope", "gpt_pretrain"),  # lists the available experiments
+        ("model.n_layerz=3", "n_layerz"),
+        ("model.n_layer=abc", "n_layer"),
+        ("+model.n_layerz=3", "n_layerz"),
+        ("ckpt_path=/does/not/exist.ckpt", "ckpt_path"),
+    ],
+)
+def test_bad_config_fails_fast_with_a_short_message(override, expected, tmp_path):
+    result = train_cli(override, f"hydra.run.dir={tmp_path}", timeout=120)
+    assert result.returncode != 0
+    assert expected in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+    assert len((result.stderr + result.stdout).strip().splitlines()) < 20
+
+
+def test_missing_required_value_is_reported(compose_cfg):
+    cfg = compose_cfg(resolve=False)
+    cfg.data.corpus.path = "???"
+    with pytest.raises(ConfigError, match="data.corpus.path"):
+        check_required(cfg)
+
+
+def test_logger_or_callback_without_target_is_an_error(compose_cfg):
+    cfg = compose_cfg()
+    cfg.callbacks.tokens_per_s = {"key": "input_ids"}
+    with pytest.raises(ConfigError, match="callbacks.tokens_per_s has no _target_"):
+        instantiate_group(cfg.callbacks, "callbacks")
+
+
+def test_lit_train_prints_config_from_any_directory(tmp_path):
+    result = run_cli("lit-train", "--cfg", "job", "model.n_layer=3", cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    printed = OmegaConf.create(result.stdout)
+    assert printed.model.n_layer == 3 and printed.data._target_.endswith("CausalLMDataModule")
+
+
+def test_generate_command_continues_a_prompt(compose_cfg, tmp_path):
+    train(compose_cfg(*TINY_LM, "test=false", "sample=null"))
+    result = run_cli(
+        "python", "-m", "lit_transformers.generate", f"ckpt={tmp_path / 'checkpoints' / 'last.ckpt'}",
+        "prompt=The for", "max_new_tokens=5", cwd=REPO, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "The for" in result.stdout
