@@ -1,16 +1,23 @@
-"""Tiny on-disk image datasets in the layouts users have (ImageFolder, torchvision MNIST/CIFAR, caption CSV),
-and a helper that runs an experiment through Hydra's compose API."""
+"""Test helpers: tiny on-disk image datasets in the layouts users have (ImageFolder, torchvision MNIST/CIFAR,
+caption CSV), running an experiment through Hydra's compose API, and a CPU-sized CLIP with fixed batches."""
 
 from __future__ import annotations
 
+import math
 import pickle
 import struct
+from functools import partial
 from pathlib import Path
 
+import lightning as L
 import numpy as np
+import torch
 from hydra import compose, initialize_config_module
 from PIL import Image
+from torch.utils.data import DataLoader
 
+from lit_transformers.models import CLIPConfig
+from lit_transformers.tasks import ContrastiveTask
 from lit_transformers.train import train
 
 
@@ -46,7 +53,10 @@ def write_fake_cifar10(root: Path, per_batch: int = 20) -> Path:
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {"data": rng.integers(0, 256, (per_batch, 3072)).astype(np.uint8), "labels": list(np.arange(per_batch) % 10)}
+        batch = {
+            "data": rng.integers(0, 256, (per_batch, 3072)).astype(np.uint8),
+            "labels": list(np.arange(per_batch) % 10),
+        }
         (folder / name).write_bytes(pickle.dumps(batch))
     names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
     (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": names}))
@@ -57,7 +67,9 @@ def write_caption_csv(root: Path, n_images: int = 12, captions_per_image: int = 
     """root/images/*.png and root/pairs.csv with several captions per image."""
     write_image_folder(root / "images", classes=("all",), per_class=n_images, size=size)
     lines = ["image,caption"] + [
-        f"images/all/{i}.png,picture {i} caption {j}" for i in range(n_images) for j in range(captions_per_image)
+        f"images/all/{i}.png,picture {i} caption {j}"
+        for i in range(n_images)
+        for j in range(captions_per_image)
     ]
     (root / "pairs.csv").write_text("\n".join(lines) + "\n")
     return root / "pairs.csv"
@@ -68,3 +80,59 @@ def run_experiment(tmp_path: Path, overrides: list[str]) -> dict[str, float]:
     with initialize_config_module("lit_transformers.conf", version_base="1.3"):
         cfg = compose("train", overrides=[f"paths.output_dir={tmp_path}", *overrides])
     return train(cfg)
+
+
+def tiny_clip_task(init_logit_scale: float = math.log(1 / 0.07), **task_kwargs) -> ContrastiveTask:
+    """A CLIP small enough for CPU tests: 8x8 grayscale images, 1-block towers, no dropout or drop-path."""
+    image = {
+        "name": "vit_tiny_patch16_224",
+        "img_size": 8,
+        "patch_size": 4,
+        "in_chans": 1,
+        "embed_dim": 32,
+        "depth": 1,
+        "num_heads": 2,
+    }
+    config = CLIPConfig(
+        image=image,
+        embed_dim=16,
+        vocab_size=64,
+        eos_id=2,
+        context_length=8,
+        text_width=32,
+        text_layers=1,
+        text_heads=2,
+        init_logit_scale=init_logit_scale,
+    )
+    task_kwargs.setdefault("optimizer", partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.1))
+    return ContrastiveTask(model=config, **task_kwargs)
+
+
+def fixed_caption_batch(n: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
+    """n images with captions of random lengths, each ending in EOS (id 2) and padded with 0."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(n, 8, dtype=torch.long)
+    for row in range(n):
+        length = int(torch.randint(1, 7, (1,), generator=g))
+        ids[row, :length] = torch.randint(3, 64, (length,), generator=g)
+        ids[row, length] = 2
+    return {
+        "image": torch.randn(n, 1, 8, 8, generator=g),
+        "input_ids": ids,
+        "image_index": torch.arange(n),
+        "label": torch.full((n,), -1),
+    }
+
+
+class FixedBatches(L.LightningDataModule):
+    """Every training step sees the same batch; under DDP each rank takes its own contiguous rows of it."""
+
+    def __init__(self, batch: dict[str, torch.Tensor]):
+        super().__init__()
+        self.batch = batch
+
+    def train_dataloader(self):
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        rows = len(self.batch["image"]) // world
+        shard = {k: v[rank * rows : (rank + 1) * rows] for k, v in self.batch.items()}
+        return DataLoader([shard] * 4, batch_size=None)  # batch_size=None: items are already batches

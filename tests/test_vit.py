@@ -10,24 +10,38 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from timm.data.auto_augment import RandAugment
+from image_helpers import run_experiment, write_fake_cifar10, write_fake_mnist, write_image_folder
 from PIL import Image
+from timm.data.auto_augment import RandAugment
 from torchvision.datasets import cifar
 
-from image_helpers import run_experiment, write_fake_cifar10, write_fake_mnist, write_image_folder
 from lit_transformers.data import ImageClassificationDataModule, build_transform, load_image_splits
 from lit_transformers.models import create_backbone
 from lit_transformers.tasks import ImageClassificationTask, warmup_cosine
 
-SMALL = dict(recipe="small", degrees=10, translate=[0.125, 0.125], scale=[0.9, 1.1])
-TINY_VIT = dict(name="vit_tiny_patch16_224", img_size=8, patch_size=2, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+SMALL = {"recipe": "small", "degrees": 10, "translate": [0.125, 0.125], "scale": [0.9, 1.1]}
+TINY_VIT = {
+    "name": "vit_tiny_patch16_224",
+    "img_size": 8,
+    "patch_size": 2,
+    "in_chans": 1,
+    "embed_dim": 32,
+    "depth": 2,
+    "num_heads": 2,
+}
 
 
 @pytest.mark.parametrize("img_size,patch_size,class_token", [(8, 2, True), (32, 4, True), (32, 8, False)])
 def test_vit_patch_tokens_match_hw_over_p_squared(img_size, patch_size, class_token):
     model = create_backbone(
-        "vit_tiny_patch16_224", img_size=img_size, patch_size=patch_size, in_chans=3, class_token=class_token,
-        global_pool="token" if class_token else "avg", num_classes=0, depth=1,
+        "vit_tiny_patch16_224",
+        img_size=img_size,
+        patch_size=patch_size,
+        in_chans=3,
+        class_token=class_token,
+        global_pool="token" if class_token else "avg",
+        num_classes=0,
+        depth=1,
     )
     x = torch.randn(2, 3, img_size, img_size)
     n = (img_size * img_size) // patch_size**2
@@ -52,8 +66,14 @@ def _task(layer_decay=None, weight_decay=0.05, lr=1e-3) -> ImageClassificationTa
 def _fit(task, steps=3, **trainer_kwargs) -> L.Trainer:
     datamodule = ImageClassificationDataModule(transform=SMALL, batch_size=16)
     trainer = L.Trainer(
-        max_steps=steps, limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, accelerator="cpu", **trainer_kwargs,
+        max_steps=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        **trainer_kwargs,
     )
     trainer.fit(task, datamodule=datamodule)
     return trainer
@@ -78,7 +98,9 @@ def test_layer_decay_scales_are_applied_by_the_scheduler():
         schedule.step()
     factor = schedule.get_last_lr()[0]  # the shared schedule's multiplier after 3 steps
 
-    def layer(name: str) -> int:  # by hand: stem 0, block i at i + 1, final norm with the last block, head top
+    def layer(
+        name: str,
+    ) -> int:  # by hand: stem 0, block i at i + 1, final norm with the last block, head top
         if name.startswith(("patch_embed", "cls_token", "pos_embed")):
             return 0
         if name.startswith("blocks."):
@@ -102,7 +124,7 @@ def test_label_smoothing_loss_matches_float64_hand_computation():
 
 
 def test_mixup_batches_are_full_and_carry_smoothed_soft_targets():
-    mixup = dict(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1)
+    mixup = {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "label_smoothing": 0.1}
     datamodule = ImageClassificationDataModule(transform=SMALL, mixup=mixup, batch_size=50)
     datamodule.setup()
     _, targets = next(iter(datamodule.train_dataloader()))
@@ -133,12 +155,20 @@ def test_image_folder_with_train_val_layout_and_clear_error_when_missing(tmp_pat
     write_image_folder(tmp_path / "train")
     write_image_folder(tmp_path / "val", per_class=2)
     datamodule = ImageClassificationDataModule(
-        source="folder", root=str(tmp_path), img_size=16, in_chans=3, mean=[0.5] * 3, std=[0.5] * 3,
-        transform=SMALL, batch_size=4,
+        source="folder",
+        root=str(tmp_path),
+        img_size=16,
+        in_chans=3,
+        mean=[0.5] * 3,
+        std=[0.5] * 3,
+        transform=SMALL,
+        batch_size=4,
     )
     datamodule.setup()
     assert datamodule.class_names == ["cat", "dog", "fox"]
-    assert len(datamodule.datasets["train"]) == 12 and len(datamodule.datasets["test"]) == 6  # test falls back to val
+    assert (
+        len(datamodule.datasets["train"]) == 12 and len(datamodule.datasets["test"]) == 6
+    )  # test falls back to val
     images, labels = next(iter(datamodule.val_dataloader()))
     assert images.shape == (4, 3, 16, 16) and labels.tolist() == [0, 0, 1, 1]
     with pytest.raises(FileNotFoundError, match="data.root"):
@@ -151,7 +181,9 @@ def test_torchvision_mnist_and_cifar10_from_their_on_disk_layouts(tmp_path, monk
     with pytest.raises(FileNotFoundError, match="download=true"):
         load_image_splits("cifar10", root=str(tmp_path / "empty"))
     monkeypatch.setattr(cifar, "check_integrity", lambda *args, **kwargs: True)  # fake files fail the md5s
-    splits, names = load_image_splits("cifar10", root=str(write_fake_cifar10(tmp_path / "c")), val_fraction=0.1)
+    splits, names = load_image_splits(
+        "cifar10", root=str(write_fake_cifar10(tmp_path / "c")), val_fraction=0.1
+    )
     assert [len(splits[s]) for s in ("train", "val", "test")] == [90, 10, 20] and names[0] == "airplane"
 
 
@@ -159,7 +191,9 @@ def test_timm_recipe_builds_randaugment_and_random_erasing():
     train = build_transform(True, 224, 3, recipe="timm", auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)
     steps = [type(t).__name__ for t in train.transforms[1].transforms]
     assert "RandAugment" in steps and "RandomErasing" in steps
-    assert isinstance(next(t for t in train.transforms[1].transforms if type(t).__name__ == "RandAugment"), RandAugment)
+    assert isinstance(
+        next(t for t in train.transforms[1].transforms if type(t).__name__ == "RandAugment"), RandAugment
+    )
     evaluation = build_transform(False, 224, 3, recipe="timm", crop_pct=0.875)
     assert evaluation(Image.new("RGB", (300, 400))).shape == (3, 224, 224)
     with pytest.raises(ValueError, match="one per channel"):
@@ -170,12 +204,21 @@ def test_pretrained_file_loads_local_weights_and_resizes_the_head(tmp_path):
     source = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=5)
     path = tmp_path / "weights.pth"
     torch.save(source.state_dict(), path)
-    model = create_backbone("vit_tiny_patch16_224", pretrained=True, pretrained_file=str(path), img_size=32, patch_size=8,
-                            depth=2, num_classes=3)
+    model = create_backbone(
+        "vit_tiny_patch16_224",
+        pretrained=True,
+        pretrained_file=str(path),
+        img_size=32,
+        patch_size=8,
+        depth=2,
+        num_classes=3,
+    )
     torch.testing.assert_close(model.blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
     assert model.head.out_features == 3
     with pytest.raises(FileNotFoundError, match="pretrained_file"):
-        create_backbone("vit_tiny_patch16_224", pretrained=True, pretrained_file=str(tmp_path / "missing.pth"))
+        create_backbone(
+            "vit_tiny_patch16_224", pretrained=True, pretrained_file=str(tmp_path / "missing.pth")
+        )
 
 
 def test_test_metrics_per_class_accuracy_and_confusion_matrix_image(tmp_path):
@@ -197,12 +240,23 @@ def test_fast_dev_run_vit(tmp_path):
 def test_fast_dev_run_vit_cifar10(tmp_path, monkeypatch):
     monkeypatch.setattr(cifar, "check_integrity", lambda *args, **kwargs: True)
     root = write_fake_cifar10(tmp_path / "cifar")
-    overrides = [f"data.root={root}", "data.download=false", "data.batch_size=4", "data.num_workers=0", "trainer.precision=32-true"]
+    overrides = [
+        f"data.root={root}",
+        "data.download=false",
+        "data.batch_size=4",
+        "data.num_workers=0",
+        "trainer.precision=32-true",
+    ]
     assert "test/acc" in run_experiment(tmp_path, ["experiment=vit_cifar10", "debug=fdr", *overrides])
 
 
 def test_fast_dev_run_deit_tiny_imagenet(tmp_path):
     write_image_folder(tmp_path / "imagenet" / "train", per_class=4)
     write_image_folder(tmp_path / "imagenet" / "val", per_class=2)
-    overrides = [f"data.root={tmp_path / 'imagenet'}", "data.batch_size=4", "data.num_workers=0", "trainer.precision=32-true"]
+    overrides = [
+        f"data.root={tmp_path / 'imagenet'}",
+        "data.batch_size=4",
+        "data.num_workers=0",
+        "trainer.precision=32-true",
+    ]
     assert "test/acc" in run_experiment(tmp_path, ["experiment=deit_tiny_imagenet", "debug=fdr", *overrides])

@@ -31,13 +31,19 @@ def tokenize(tokenizer: Tokenizer, texts: Sequence[str], context_length: int) ->
     return ids
 
 
-def read_caption_table(path: str | Path, image_key: str = "image", caption_key: str = "caption",
-                       image_root: str | Path | None = None) -> dict[Path, list[str]]:
+def read_caption_table(
+    path: str | Path,
+    image_key: str = "image",
+    caption_key: str = "caption",
+    image_root: str | Path | None = None,
+) -> dict[Path, list[str]]:
     """{image path: its captions} from a .csv (header row) or .jsonl file; relative paths are taken from
     ``image_root`` (default: the file's folder)."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"Caption file {path} not found; set data.path=<.csv or .jsonl of image, caption>")
+        raise FileNotFoundError(
+            f"Caption file {path} not found; set data.path=<.csv or .jsonl of image, caption>"
+        )
     with open(path, encoding="utf-8") as f:
         if path.suffix == ".jsonl":
             rows = [json.loads(line) for line in f if line.strip()]
@@ -46,19 +52,25 @@ def read_caption_table(path: str | Path, image_key: str = "image", caption_key: 
         else:
             raise ValueError(f"Caption file {path} must end in .csv or .jsonl")
     if not rows:
-        raise ValueError(f"Caption file {path} has no rows; it needs '{image_key}' and '{caption_key}' columns")
+        raise ValueError(
+            f"Caption file {path} has no rows; it needs '{image_key}' and '{caption_key}' columns"
+        )
     missing = [key for key in (image_key, caption_key) if key not in rows[0]]
     if missing:
-        raise ValueError(f"Caption file {path} lacks column(s) {missing} (has {sorted(rows[0])}); "
-                         "set data.image_key/data.caption_key")
+        raise ValueError(
+            f"Caption file {path} lacks column(s) {missing} (has {sorted(rows[0])}); "
+            "set data.image_key/data.caption_key"
+        )
     root = Path(image_root).expanduser() if image_root else path.parent
     table: dict[Path, list[str]] = {}
     for row in rows:
         table.setdefault(root / row[image_key], []).append(str(row[caption_key]))
     absent = [str(p) for p in table if not p.is_file()]
     if absent:
-        raise FileNotFoundError(f"{len(absent)} image(s) listed in {path} do not exist, e.g. {absent[0]}; "
-                                "set data.image_root to the folder they are relative to")
+        raise FileNotFoundError(
+            f"{len(absent)} image(s) listed in {path} do not exist, e.g. {absent[0]}; "
+            "set data.image_root to the folder they are relative to"
+        )
     return table
 
 
@@ -79,8 +91,14 @@ class ImageFiles(Dataset):
 class CaptionDataset(Dataset):
     """One item per image with one of its captions: random when training, fixed (cycling) when evaluating."""
 
-    def __init__(self, images: Dataset, captions: list[list[str]], tokenizer: Tokenizer, context_length: int,
-                 train: bool):
+    def __init__(
+        self,
+        images: Dataset,
+        captions: list[list[str]],
+        tokenizer: Tokenizer,
+        context_length: int,
+        train: bool,
+    ):
         self.images, self.captions, self.train = images, captions, train
         self.tokenizer, self.context_length = tokenizer, context_length
 
@@ -128,8 +146,12 @@ class CaptionDataModule(L.LightningDataModule):
     def _digits(self) -> tuple[dict[str, Dataset], dict[str, list[list[str]]]]:
         h = self.hparams
         if not h.train_templates or not h.test_templates:
-            raise ValueError("Digit captions need data.train_templates and data.test_templates (strings with '{}')")
-        splits, self.class_names = load_image_splits("digits", None, False, h.val_fraction, h.test_fraction, h.seed)
+            raise ValueError(
+                "Digit captions need data.train_templates and data.test_templates (strings with '{}')"
+            )
+        splits, self.class_names = load_image_splits(
+            "digits", None, False, h.val_fraction, h.test_fraction, h.seed
+        )
         # val reuses the training templates; test prompts are worded in ways training never saw
         self.templates = {"val": list(h.train_templates), "test": list(h.test_templates)}
         self.templates["train"] = self.templates["val"]
@@ -147,11 +169,17 @@ class CaptionDataModule(L.LightningDataModule):
         paths = list(table)
         order = np.random.default_rng(h.seed).permutation(len(paths)).tolist()
         n_val, n_test = round(len(paths) * h.val_fraction), round(len(paths) * h.test_fraction)
-        parts = {"val": order[:n_val], "test": order[n_val : n_val + n_test], "train": order[n_val + n_test :]}
+        parts = {
+            "val": order[:n_val],
+            "test": order[n_val : n_val + n_test],
+            "train": order[n_val + n_test :],
+        }
         empty = [name for name, idx in parts.items() if not idx]
         if empty:
-            raise ValueError(f"{h.path} has {len(paths)} images, too few for a non-empty {empty} split; "
-                             "add images or change data.val_fraction/test_fraction")
+            raise ValueError(
+                f"{h.path} has {len(paths)} images, too few for a non-empty {empty} split; "
+                "add images or change data.val_fraction/test_fraction"
+            )
         splits = {name: ImageFiles([paths[i] for i in idx]) for name, idx in parts.items()}
         return splits, {name: [table[paths[i]] for i in idx] for name, idx in parts.items()}
 
@@ -163,11 +191,19 @@ class CaptionDataModule(L.LightningDataModule):
             raise ValueError(f"Unknown caption source {h.source!r}; choose digits or table (CSV/JSONL)")
         splits, self.captions = self._digits() if h.source == "digits" else self._table()
         train_texts = list(dict.fromkeys(c for caps in self.captions["train"] for c in caps))
-        self.tokenizer = Tokenizer.train(train_texts, "bpe", h.vocab_size)  # deterministic: same on every rank
+        self.tokenizer = Tokenizer.train(
+            train_texts, "bpe", h.vocab_size
+        )  # deterministic: same on every rank
         for name, split in splits.items():
-            transform = build_transform(name == "train", h.img_size, h.in_chans, h.mean, h.std, **(h.transform or {}))
+            transform = build_transform(
+                name == "train", h.img_size, h.in_chans, h.mean, h.std, **(h.transform or {})
+            )
             self.datasets[name] = CaptionDataset(
-                Transformed(split, transform), self.captions[name], self.tokenizer, h.context_length, name == "train"
+                Transformed(split, transform),
+                self.captions[name],
+                self.tokenizer,
+                h.context_length,
+                name == "train",
             )
 
     def retrieval_targets(self, split: str) -> tuple[list[str], torch.Tensor]:

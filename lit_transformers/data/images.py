@@ -55,7 +55,11 @@ class Transformed(Dataset):
 
 
 def stratified_split(
-    targets: Sequence[int], val_fraction: float, test_fraction: float, seed: int, splits=("train", "val", "test")
+    targets: Sequence[int],
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+    splits=("train", "val", "test"),
 ) -> dict[str, list[int]]:
     """Indices per split with every class in the same proportion (sklearn ``train_test_split(stratify=...)``)."""
     index = np.arange(len(targets))
@@ -64,7 +68,9 @@ def stratified_split(
     train, rest = train_test_split(index, test_size=held_out, stratify=targets, random_state=seed)
     if len(splits) == 2:
         return {splits[0]: sorted(train), splits[1]: sorted(rest)}
-    val, test = train_test_split(rest, test_size=test_fraction / held_out, stratify=targets[rest], random_state=seed)
+    val, test = train_test_split(
+        rest, test_size=test_fraction / held_out, stratify=targets[rest], random_state=seed
+    )
     return {"train": sorted(train), "val": sorted(val), "test": sorted(test)}
 
 
@@ -89,17 +95,28 @@ def load_image_splits(
         raise ValueError(f"Unknown image source {source!r}; choose one of {SOURCES}")
     if source == "digits":
         full = Digits()
-        return {k: Subset(full, v) for k, v in stratified_split(full.targets, val_fraction, test_fraction, seed).items()}, full.classes
+        return {
+            k: Subset(full, v)
+            for k, v in stratified_split(full.targets, val_fraction, test_fraction, seed).items()
+        }, full.classes
     if root is None:
         raise ValueError(f"data.root is required for source={source}; set data.root=/path/to/images")
     root_path = Path(root).expanduser()
     if source == "folder":
         if not root_path.is_dir():
-            raise FileNotFoundError(f"Image folder {root_path} not found; set data.root=<folder of class subfolders>")
+            raise FileNotFoundError(
+                f"Image folder {root_path} not found; set data.root=<folder of class subfolders>"
+            )
         if (root_path / "train").is_dir():
             if not (root_path / "val").is_dir():
-                raise FileNotFoundError(f"{root_path}/train exists but {root_path}/val does not; add a val/ folder")
-            found = {s: datasets.ImageFolder(root_path / s) for s in ("train", "val", "test") if (root_path / s).is_dir()}
+                raise FileNotFoundError(
+                    f"{root_path}/train exists but {root_path}/val does not; add a val/ folder"
+                )
+            found = {
+                s: datasets.ImageFolder(root_path / s)
+                for s in ("train", "val", "test")
+                if (root_path / s).is_dir()
+            }
             found.setdefault("test", found["val"])
             if found["val"].classes != found["train"].classes:
                 raise ValueError(f"Class folders differ between {root_path}/train and {root_path}/val")
@@ -112,11 +129,15 @@ def load_image_splits(
         train_full = cls(root_path, train=True, download=download)
         test = cls(root_path, train=False, download=download)
     except RuntimeError as err:
-        raise FileNotFoundError(f"{source} not found under {root_path} ({err}); set data.download=true to fetch it") from err
+        raise FileNotFoundError(
+            f"{source} not found under {root_path} ({err}); set data.download=true to fetch it"
+        ) from err
     parts = stratified_split(_targets(train_full), val_fraction, 0.0, seed, splits=("train", "val"))
-    return {"train": Subset(train_full, parts["train"]), "val": Subset(train_full, parts["val"]), "test": test}, list(
-        train_full.classes
-    )
+    return {
+        "train": Subset(train_full, parts["train"]),
+        "val": Subset(train_full, parts["val"]),
+        "test": test,
+    }, list(train_full.classes)
 
 
 class ToMode:
@@ -146,11 +167,18 @@ def build_transform(
     random erasing via ``re_prob``; resize + center crop by ``crop_pct`` at eval), the DeiT pipeline.
     """
     if len(mean) != in_chans or len(std) != in_chans:
-        raise ValueError(f"data.mean/std need {in_chans} values (one per channel), got {list(mean)} / {list(std)}")
+        raise ValueError(
+            f"data.mean/std need {in_chans} values (one per channel), got {list(mean)} / {list(std)}"
+        )
     mode = ToMode("RGB" if in_chans == 3 else "L")
     if recipe == "timm":
         return transforms.Compose(
-            [mode, timm.data.create_transform(img_size, is_training=train, mean=tuple(mean), std=tuple(std), **options)]
+            [
+                mode,
+                timm.data.create_transform(
+                    img_size, is_training=train, mean=tuple(mean), std=tuple(std), **options
+                ),
+            ]
         )
     if recipe != "small":
         raise ValueError(f"Unknown transform recipe {recipe!r}; choose small or timm")
@@ -158,7 +186,9 @@ def build_transform(
     if train:
         steps.append(
             transforms.RandomAffine(
-                options.get("degrees", 0), options.get("translate"), options.get("scale"),
+                options.get("degrees", 0),
+                options.get("translate"),
+                options.get("scale"),
                 interpolation=transforms.InterpolationMode.BILINEAR,
             )
         )
@@ -166,7 +196,12 @@ def build_transform(
 
 
 def make_loader(
-    dataset: Dataset, batch_size: int, train: bool, num_workers: int = 0, collate_fn=None, drop_last: bool = False
+    dataset: Dataset,
+    batch_size: int,
+    train: bool,
+    num_workers: int = 0,
+    collate_fn=None,
+    drop_last: bool = False,
 ) -> DataLoader:
     return DataLoader(
         dataset,
@@ -228,18 +263,26 @@ class ImageClassificationDataModule(L.LightningDataModule):
         if self.datasets:
             return
         h = self.hparams
-        splits, self.class_names = load_image_splits(h.source, h.root, False, h.val_fraction, h.test_fraction, h.seed)
+        splits, self.class_names = load_image_splits(
+            h.source, h.root, False, h.val_fraction, h.test_fraction, h.seed
+        )
         for name, dataset in splits.items():
-            transform = build_transform(name == "train", h.img_size, h.in_chans, h.mean, h.std, **(h.transform or {}))
+            transform = build_transform(
+                name == "train", h.img_size, h.in_chans, h.mean, h.std, **(h.transform or {})
+            )
             self.datasets[name] = Transformed(dataset, transform)
         if h.mixup and h.batch_size % 2:
-            raise ValueError(f"Mixup pairs each image with another: data.batch_size={h.batch_size} must be even")
+            raise ValueError(
+                f"Mixup pairs each image with another: data.batch_size={h.batch_size} must be even"
+            )
 
     def train_dataloader(self) -> DataLoader:
         h = self.hparams
         collate = MixupCollate(timm.data.Mixup(**h.mixup, num_classes=self.num_classes)) if h.mixup else None
         # timm Mixup needs full, even batches, so a ragged last batch is dropped when mixing
-        return make_loader(self.datasets["train"], h.batch_size, True, h.num_workers, collate, drop_last=bool(h.mixup))
+        return make_loader(
+            self.datasets["train"], h.batch_size, True, h.num_workers, collate, drop_last=bool(h.mixup)
+        )
 
     def val_dataloader(self) -> DataLoader:
         return make_loader(self.datasets["val"], self.hparams.batch_size, False, self.hparams.num_workers)

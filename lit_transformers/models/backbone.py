@@ -8,7 +8,9 @@ import timm
 from torch import nn
 
 
-def create_backbone(name: str, pretrained: bool = False, pretrained_file: str | None = None, **kwargs) -> nn.Module:
+def create_backbone(
+    name: str, pretrained: bool = False, pretrained_file: str | None = None, **kwargs
+) -> nn.Module:
     """``timm.create_model(name, **kwargs)``; keys set to None are dropped so that ViT-only knobs
     (``patch_size``, ``class_token``, ...) can stay in the config when the name is a CNN.
 
@@ -18,9 +20,13 @@ def create_backbone(name: str, pretrained: bool = False, pretrained_file: str | 
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     if pretrained_file is not None:
         if not Path(pretrained_file).is_file():
-            raise FileNotFoundError(f"pretrained_file={pretrained_file} not found; set model.backbone.pretrained_file=...")
+            raise FileNotFoundError(
+                f"pretrained_file={pretrained_file} not found; set model.backbone.pretrained_file=..."
+            )
         if not pretrained:
-            raise ValueError("pretrained_file is set but pretrained=false; set model.backbone.pretrained=true")
+            raise ValueError(
+                "pretrained_file is set but pretrained=false; set model.backbone.pretrained=true"
+            )
         kwargs["pretrained_cfg_overlay"] = {"file": str(pretrained_file)}
     if not timm.is_model(name):
         raise ValueError(f"Unknown timm model {name!r}; see timm.list_models('vit_*') for names")

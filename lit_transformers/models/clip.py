@@ -36,7 +36,9 @@ class CLIP(nn.Module):
         self.token_embedding = nn.Embedding(c.vocab_size, c.text_width)
         self.positions = LearnedPositions(c.context_length, c.text_width)
         self.blocks = nn.ModuleList(
-            DecoderBlock(c.text_width, c.text_heads, dropout=c.dropout, attn_dropout=c.dropout, activation="gelu")
+            DecoderBlock(
+                c.text_width, c.text_heads, dropout=c.dropout, attn_dropout=c.dropout, activation="gelu"
+            )
             for _ in range(c.text_layers)
         )
         self.ln_final = nn.LayerNorm(c.text_width)
@@ -56,7 +58,9 @@ class CLIP(nn.Module):
         B, T = input_ids.shape
         is_eos = input_ids == self.config.eos_id
         if not bool(is_eos.any(dim=1).all()):
-            raise ValueError(f"Every caption needs an EOS token (id {self.config.eos_id}); tokenize with the datamodule")
+            raise ValueError(
+                f"Every caption needs an EOS token (id {self.config.eos_id}); tokenize with the datamodule"
+            )
         eos_pos = is_eos.int().argmax(dim=1)  # (B,) first EOS, wherever the largest id happens to be
         position_ids = torch.arange(T, device=input_ids.device)[None]
         x = self.token_embedding(input_ids) + self.positions(position_ids)  # (B, T, width)

@@ -64,8 +64,13 @@ class ClipLoss(nn.Module):
                 labels = torch.arange(B, device=image_features.device) + rank * B
             else:
                 logits_image = logit_scale * all_image @ all_text.T  # (W*B, W*B)
-                logits_text, labels = logits_image.T, torch.arange(world_size * B, device=image_features.device)
-        return (F.cross_entropy(logits_image.float(), labels) + F.cross_entropy(logits_text.float(), labels)) / 2
+                logits_text, labels = (
+                    logits_image.T,
+                    torch.arange(world_size * B, device=image_features.device),
+                )
+        return (
+            F.cross_entropy(logits_image.float(), labels) + F.cross_entropy(logits_text.float(), labels)
+        ) / 2
 
 
 class ContrastiveTask(Task):
@@ -104,7 +109,14 @@ class ContrastiveTask(Task):
     def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         image_features, text_features = self.model(batch["image"], batch["input_ids"])  # (B, E) each
         world = self.trainer.world_size if self._trainer is not None else 1
-        loss = self.loss(image_features, text_features, self.model.logit_scale.exp(), self.all_gather, self.global_rank, world)
+        loss = self.loss(
+            image_features,
+            text_features,
+            self.model.logit_scale.exp(),
+            self.all_gather,
+            self.global_rank,
+            world,
+        )
         return loss, image_features, text_features
 
     def training_step(self, batch, batch_idx):
@@ -148,7 +160,9 @@ class ContrastiveTask(Task):
     def _evaluate(self, stage: str) -> None:
         """Zero-shot accuracy (digits: class names x prompt templates) and retrieval recall@k in both
         directions, over the whole split: image features are gathered from every rank and de-duplicated."""
-        rows = self.all_gather(torch.cat(self._eval.pop(stage))).flatten(0, -2) if stage in self._eval else None
+        rows = (
+            self.all_gather(torch.cat(self._eval.pop(stage))).flatten(0, -2) if stage in self._eval else None
+        )
         if rows is None or self._trainer.datamodule is None:
             return
         datamodule = self._trainer.datamodule
@@ -163,11 +177,15 @@ class ContrastiveTask(Task):
         metrics = {f"{stage}/i2t_recall@{k}": v for k, v in recall_at_k(similarity, relevant.T, ks).items()}
         metrics |= {f"{stage}/t2i_recall@{k}": v for k, v in recall_at_k(similarity.T, relevant, ks).items()}
         if datamodule.class_names:
-            weights = zero_shot_classifier(self.encode_texts, datamodule.class_names, datamodule.templates[stage])
+            weights = zero_shot_classifier(
+                self.encode_texts, datamodule.class_names, datamodule.templates[stage]
+            )
             logits = features @ weights
             n = len(datamodule.class_names)
             for k in (1, min(5, n)):
-                metrics[f"{stage}/zeroshot_top{k}"] = multiclass_accuracy(logits, labels, n, top_k=k, average="micro").item()
+                metrics[f"{stage}/zeroshot_top{k}"] = multiclass_accuracy(
+                    logits, labels, n, top_k=k, average="micro"
+                ).item()
         self.log_dict(metrics)  # identical on every rank: computed from gathered features
         if self._similarity is not None:
             log_image(self.trainer, f"{stage}/similarity", matrix_image(self._similarity))

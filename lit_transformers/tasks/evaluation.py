@@ -24,7 +24,9 @@ def zero_shot_classifier(
     return torch.stack(weights, dim=1)
 
 
-def recall_at_k(similarity: torch.Tensor, relevant: torch.Tensor, ks: Sequence[int] = (1, 5, 10)) -> dict[int, float]:
+def recall_at_k(
+    similarity: torch.Tensor, relevant: torch.Tensor, ks: Sequence[int] = (1, 5, 10)
+) -> dict[int, float]:
     """similarity, relevant: (n_queries, n_candidates); share of queries with a relevant candidate in their top k."""
     top = similarity.topk(min(max(ks), similarity.size(1)), dim=1).indices  # (Q, k_max)
     hits = relevant.to(top.device).gather(1, top)  # (Q, k_max) bool

@@ -43,7 +43,10 @@ class ImageClassificationTask(Task):
             raise ValueError("No class names: train with a datamodule, or pass task.class_names")
         n = len(self.hparams.class_names)
         # metrics need the class count too, so they are made here with the model
-        top = {"acc": MulticlassAccuracy(n, top_k=1), f"acc_top{min(5, n)}": MulticlassAccuracy(n, top_k=min(5, n))}
+        top = {
+            "acc": MulticlassAccuracy(n, top_k=1, average="micro"),  # share of images right, not a class mean
+            f"acc_top{min(5, n)}": MulticlassAccuracy(n, top_k=min(5, n), average="micro"),
+        }
         self.val_metrics = MetricCollection(top, prefix="val/")
         self.test_metrics = self.val_metrics.clone(prefix="test/")
         self.test_per_class = MulticlassAccuracy(n, average=None)
@@ -85,7 +88,13 @@ class ImageClassificationTask(Task):
         images, labels = batch
         logits = self.model(images)
         stage = metrics.prefix.rstrip("/")
-        self.log(f"{stage}/loss", F.cross_entropy(logits.float(), labels), on_epoch=True, prog_bar=True, sync_dist=True)
+        self.log(
+            f"{stage}/loss",
+            F.cross_entropy(logits.float(), labels),
+            on_epoch=True,
+            prog_bar=True,
+            sync_dist=True,
+        )
         metrics(logits, labels)
         self.log_dict(metrics, on_epoch=True, prog_bar=stage == "val")
         return logits, labels
@@ -111,6 +120,10 @@ class ImageClassificationTask(Task):
         if len(names) <= self.hparams.per_class_limit:
             self.log_dict({f"test/acc_class/{name}": acc for name, acc in zip(names, per_class)})
         confusion = self.test_confusion.compute().float()  # (true, predicted) counts
-        log_image(self.trainer, "test/confusion_matrix", matrix_image(confusion / confusion.sum(1, keepdim=True).clamp(min=1)))
+        log_image(
+            self.trainer,
+            "test/confusion_matrix",
+            matrix_image(confusion / confusion.sum(1, keepdim=True).clamp(min=1)),
+        )
         self.test_per_class.reset()
         self.test_confusion.reset()
