@@ -18,7 +18,8 @@ def main(val_fraction: float = 0.1, test_fraction: float = 0.2, seed: int = 0) -
     model = SVC().fit(x[split["train"]], y[split["train"]])  # RBF kernel, C=1, gamma="scale"
     for name in ("val", "test"):
         print(
-            f"SVC {name} accuracy: {model.score(x[split[name]], y[split[name]]):.4f} ({len(split[name])} images)"
+            f"SVC {name} accuracy: {model.score(x[split[name]], y[split[name]]):.4f} "
+            f"({len(split[name])} images)"
         )
 
 

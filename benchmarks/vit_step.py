@@ -152,11 +152,11 @@ def main() -> None:
     best = {k: min(v) for k, v in times.items()}
     for name, seconds in best.items():
         print(
-            f"{name:>5}: {images / seconds:8.1f} images/s  (best of {args.repeats}: {seconds:.2f}s for {args.steps} steps)"
+            f"{name:>5}: {images / seconds:8.1f} images/s  "
+            f"(best of {args.repeats}: {seconds:.2f}s for {args.steps} steps)"
         )
-    print(
-        f"ratio ours/plain step time: {best['ours'] / best['plain']:.3f}  (overhead {100 * (best['ours'] / best['plain'] - 1):+.1f}%)"
-    )
+    ratio = best["ours"] / best["plain"]
+    print(f"ratio ours/plain step time: {ratio:.3f}  (overhead {100 * (ratio - 1):+.1f}%)")
 
 
 if __name__ == "__main__":

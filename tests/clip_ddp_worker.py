@@ -1,5 +1,6 @@
-"""Run by test_clip (``python tests/clip_ddp_worker.py OUT``): one ContrastiveTask step on ``trainer=ddp_cpu``,
-2 ranks x 4 rows of a fixed 8-row batch. Rank 0 saves the loss averaged over ranks and the DDP-synced gradients."""
+"""Run by test_clip (``python tests/clip_ddp_worker.py OUT``): one ContrastiveTask step on
+``trainer=ddp_cpu``, 2 ranks x 4 rows of a fixed 8-row batch. Rank 0 saves the loss averaged over ranks
+and the DDP-synced gradients."""
 
 from __future__ import annotations
 

@@ -284,7 +284,7 @@ def test_fast_dev_run_clip(tmp_path):
     assert {"test/zeroshot_top1", "test/i2t_recall@1", "test/t2i_recall@1"} <= set(metrics)
 
 
-# the full ViT-B/32 (150M parameters) takes a minute on two CPU cores; by default its towers are cut to one block
+# the full ViT-B/32 (150M parameters) takes a minute on 2 CPU cores; by default both towers keep one block
 SHRINK = ["model.image.depth=1", "model.text_layers=1"]
 
 

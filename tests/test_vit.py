@@ -1,4 +1,4 @@
-"""ViT image classification: timm backbones, the DeiT recipe knobs, image data sources, metrics, experiments."""
+"""ViT image classification: timm backbones, DeiT recipe knobs, image data sources, metrics, experiments."""
 
 from __future__ import annotations
 

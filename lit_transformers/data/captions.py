@@ -1,4 +1,4 @@
-"""Image-caption pairs for CLIP: sklearn digits with templated captions, or a CSV/JSONL of ``image, caption`` rows.
+"""Image-caption pairs for CLIP: digits with templated captions, or a CSV/JSONL of ``image, caption`` rows.
 
 Rows that share an image path are one image with several captions: training draws one at random, and
 retrieval counts any of them as a hit. Captions are tokenized by a BPE tokenizer trained on the train split.
@@ -23,7 +23,7 @@ from lit_transformers.data.tokenizer import Tokenizer
 
 
 def tokenize(tokenizer: Tokenizer, texts: Sequence[str], context_length: int) -> torch.Tensor:
-    """(N, context_length) ids: each caption truncated to context_length - 1 tokens, then EOS, then padding."""
+    """(N, context_length) ids: caption tokens (at most context_length - 1), EOS, then padding."""
     ids = torch.full((len(texts), context_length), tokenizer.pad_id, dtype=torch.long)
     for row, tokens in enumerate(tokenizer.encode_batch(texts)):
         tokens = [*tokens[: context_length - 1], tokenizer.eos_id]
@@ -75,7 +75,7 @@ def read_caption_table(
 
 
 class ImageFiles(Dataset):
-    """Images read from paths, unlabelled (label -1), matching the (PIL image, label) sources in ``images``."""
+    """Unlabelled images (label -1) read from paths, like the (PIL image, label) sources in ``images``."""
 
     def __init__(self, paths: Sequence[Path]):
         self.paths = list(paths)

@@ -1,7 +1,7 @@
-"""Image sources, transforms and loaders shared by ViT classification and CLIP, and the classification datamodule.
+"""Image sources, transforms and loaders shared by ViT and CLIP, and the classification datamodule.
 
-Every source yields ``(PIL image, class index)`` pairs; a split's transform is applied on top (``Transformed``),
-so the same image pipeline serves sklearn digits, an ``ImageFolder`` tree and torchvision CIFAR/MNIST.
+Every source yields ``(PIL image, class index)`` pairs; a split's transform is applied on top
+(``Transformed``), so one pipeline serves sklearn digits, an ``ImageFolder`` tree and torchvision CIFAR/MNIST.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def stratified_split(
     seed: int,
     splits=("train", "val", "test"),
 ) -> dict[str, list[int]]:
-    """Indices per split with every class in the same proportion (sklearn ``train_test_split(stratify=...)``)."""
+    """Indices per split, every class in the same proportion (sklearn ``train_test_split(stratify=...)``)."""
     index = np.arange(len(targets))
     targets = np.asarray(targets)
     held_out = val_fraction + test_fraction
@@ -74,8 +74,34 @@ def stratified_split(
     return {"train": sorted(train), "val": sorted(val), "test": sorted(test)}
 
 
-def _targets(dataset) -> list[int]:
-    return list(dataset.targets)
+def _folder_splits(root: Path, val_fraction: float, test_fraction: float, seed: int):
+    if not root.is_dir():
+        raise FileNotFoundError(f"Image folder {root} not found; set data.root=<folder of class subfolders>")
+    if not (root / "train").is_dir():  # one class-folder tree: split it
+        full = datasets.ImageFolder(root)
+        parts = stratified_split(full.targets, val_fraction, test_fraction, seed)
+        return {k: Subset(full, v) for k, v in parts.items()}, full.classes
+    if not (root / "val").is_dir():
+        raise FileNotFoundError(f"{root}/train exists but {root}/val does not; add a val/ folder")
+    found = {s: datasets.ImageFolder(root / s) for s in ("train", "val", "test") if (root / s).is_dir()}
+    found.setdefault("test", found["val"])
+    if found["val"].classes != found["train"].classes:
+        raise ValueError(f"Class folders differ between {root}/train and {root}/val")
+    return found, found["train"].classes
+
+
+def _torchvision_splits(source: str, root: Path, download: bool, val_fraction: float, seed: int):
+    try:
+        train = TORCHVISION[source](root, train=True, download=download)
+        test = TORCHVISION[source](root, train=False, download=download)
+    except RuntimeError as err:
+        raise FileNotFoundError(
+            f"{source} not found under {root} ({err}); set data.download=true to fetch it"
+        ) from err
+    parts = stratified_split(train.targets, val_fraction, 0.0, seed, splits=("train", "val"))
+    return {"train": Subset(train, parts["train"]), "val": Subset(train, parts["val"]), "test": test}, list(
+        train.classes
+    )
 
 
 def load_image_splits(
@@ -88,56 +114,21 @@ def load_image_splits(
 ) -> tuple[dict[str, Dataset], list[str]]:
     """``{"train", "val", "test"}`` datasets of (PIL image, label) and the class names.
 
-    digits: stratified split. folder: ``root/{train,val[,test]}`` class folders (test falls back to val), or one
-    class-folder tree that is split stratified. cifar10/cifar100/mnist: the official test set, val split off train.
+    digits: stratified split. folder: ``root/{train,val[,test]}`` class folders (test falls back to val),
+    or one class-folder tree that is split stratified. cifar10/cifar100/mnist: the official test set,
+    with val split off train.
     """
     if source not in SOURCES:
         raise ValueError(f"Unknown image source {source!r}; choose one of {SOURCES}")
     if source == "digits":
         full = Digits()
-        return {
-            k: Subset(full, v)
-            for k, v in stratified_split(full.targets, val_fraction, test_fraction, seed).items()
-        }, full.classes
+        parts = stratified_split(full.targets, val_fraction, test_fraction, seed)
+        return {k: Subset(full, v) for k, v in parts.items()}, full.classes
     if root is None:
         raise ValueError(f"data.root is required for source={source}; set data.root=/path/to/images")
-    root_path = Path(root).expanduser()
     if source == "folder":
-        if not root_path.is_dir():
-            raise FileNotFoundError(
-                f"Image folder {root_path} not found; set data.root=<folder of class subfolders>"
-            )
-        if (root_path / "train").is_dir():
-            if not (root_path / "val").is_dir():
-                raise FileNotFoundError(
-                    f"{root_path}/train exists but {root_path}/val does not; add a val/ folder"
-                )
-            found = {
-                s: datasets.ImageFolder(root_path / s)
-                for s in ("train", "val", "test")
-                if (root_path / s).is_dir()
-            }
-            found.setdefault("test", found["val"])
-            if found["val"].classes != found["train"].classes:
-                raise ValueError(f"Class folders differ between {root_path}/train and {root_path}/val")
-            return found, found["train"].classes
-        full = datasets.ImageFolder(root_path)
-        parts = stratified_split(_targets(full), val_fraction, test_fraction, seed)
-        return {k: Subset(full, v) for k, v in parts.items()}, full.classes
-    cls = TORCHVISION[source]
-    try:
-        train_full = cls(root_path, train=True, download=download)
-        test = cls(root_path, train=False, download=download)
-    except RuntimeError as err:
-        raise FileNotFoundError(
-            f"{source} not found under {root_path} ({err}); set data.download=true to fetch it"
-        ) from err
-    parts = stratified_split(_targets(train_full), val_fraction, 0.0, seed, splits=("train", "val"))
-    return {
-        "train": Subset(train_full, parts["train"]),
-        "val": Subset(train_full, parts["val"]),
-        "test": test,
-    }, list(train_full.classes)
+        return _folder_splits(Path(root).expanduser(), val_fraction, test_fraction, seed)
+    return _torchvision_splits(source, Path(root).expanduser(), download, val_fraction, seed)
 
 
 class ToMode:
@@ -215,7 +206,7 @@ def make_loader(
 
 
 class MixupCollate:
-    """timm Mixup/CutMix on whole batches: labels become (B, num_classes) soft targets (label smoothing included)."""
+    """timm Mixup/CutMix on whole batches: labels become (B, num_classes) soft targets, smoothing included."""
 
     def __init__(self, mixup: timm.data.Mixup):
         self.mixup = mixup

@@ -1,4 +1,4 @@
-"""Evaluation shared by the image tasks: zero-shot classifier weights, retrieval recall@k, matrices as images."""
+"""Evaluation shared by the image tasks: zero-shot classifier, retrieval recall@k, matrices as images."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def zero_shot_classifier(
 def recall_at_k(
     similarity: torch.Tensor, relevant: torch.Tensor, ks: Sequence[int] = (1, 5, 10)
 ) -> dict[int, float]:
-    """similarity, relevant: (n_queries, n_candidates); share of queries with a relevant candidate in their top k."""
+    """similarity, relevant: (n_queries, n_candidates) -> share of queries with a hit in their top k."""
     top = similarity.topk(min(max(ks), similarity.size(1)), dim=1).indices  # (Q, k_max)
     hits = relevant.to(top.device).gather(1, top)  # (Q, k_max) bool
     return {k: hits[:, :k].any(dim=1).float().mean().item() for k in ks}
@@ -45,7 +45,7 @@ def matrix_image(matrix: torch.Tensor, cell: int | None = None) -> torch.Tensor:
 
 
 def log_image(trainer, key: str, image: torch.Tensor) -> None:
-    """Send a (3, H, W) uint8 image to every attached dashboard (CSV: a PNG in its log folder); rank 0 only."""
+    """Send a (3, H, W) uint8 image to every dashboard (CSV: a PNG in its log folder); rank 0 only."""
     if not trainer.is_global_zero:
         return
     step = trainer.global_step
