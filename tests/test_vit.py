@@ -10,7 +10,6 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
-from image_helpers import run_experiment, write_fake_cifar10, write_fake_mnist, write_image_folder
 from PIL import Image
 from timm.data.auto_augment import RandAugment
 from torchvision.datasets import cifar
@@ -18,6 +17,8 @@ from torchvision.datasets import cifar
 from lit_transformers.data import ImageClassificationDataModule, build_transform, load_image_splits
 from lit_transformers.models import create_backbone
 from lit_transformers.tasks import ImageClassificationTask, warmup_cosine
+
+from image_helpers import run_experiment, write_fake_cifar10, write_fake_mnist, write_image_folder
 
 SMALL = {"recipe": "small", "degrees": 10, "translate": [0.125, 0.125], "scale": [0.9, 1.1]}
 TINY_VIT = {
@@ -171,6 +172,15 @@ def test_image_folder_with_train_val_layout_and_clear_error_when_missing(tmp_pat
     )  # test falls back to val
     images, labels = next(iter(datamodule.val_dataloader()))
     assert images.shape == (4, 3, 16, 16) and labels.tolist() == [0, 0, 1, 1]
+    single_tree, names = load_image_splits(
+        "folder", root=str(tmp_path / "train"), val_fraction=0.25, test_fraction=0.25
+    )
+    assert [len(single_tree[s]) for s in ("train", "val", "test")] == [6, 3, 3] and names == [
+        "cat",
+        "dog",
+        "fox",
+    ]
+    assert sorted(single_tree["val"].dataset.targets[i] for i in single_tree["val"].indices) == [0, 1, 2]
     with pytest.raises(FileNotFoundError, match="data.root"):
         load_image_splits("folder", root=str(tmp_path / "nowhere"))
 

@@ -186,7 +186,7 @@ class ContrastiveTask(Task):
                 metrics[f"{stage}/zeroshot_top{k}"] = multiclass_accuracy(
                     logits, labels, n, top_k=k, average="micro"
                 ).item()
-        self.log_dict(metrics)  # identical on every rank: computed from gathered features
+        self.log_dict(metrics, sync_dist=True)  # already equal on every rank (gathered features)
         if self._similarity is not None:
             log_image(self.trainer, f"{stage}/similarity", matrix_image(self._similarity))
             self._similarity = None

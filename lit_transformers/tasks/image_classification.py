@@ -115,10 +115,12 @@ class ImageClassificationTask(Task):
 
     def on_test_epoch_end(self):
         per_class = self.test_per_class.compute()  # (C,) recall of each class, synced over ranks
-        self.log("test/acc_class_min", per_class.min())
+        self.log("test/acc_class_min", per_class.min(), sync_dist=True)
         names = self.hparams.class_names
         if len(names) <= self.hparams.per_class_limit:
-            self.log_dict({f"test/acc_class/{name}": acc for name, acc in zip(names, per_class)})
+            self.log_dict(
+                {f"test/acc_class/{name}": acc for name, acc in zip(names, per_class)}, sync_dist=True
+            )
         confusion = self.test_confusion.compute().float()  # (true, predicted) counts
         log_image(
             self.trainer,
