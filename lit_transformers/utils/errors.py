@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 
 from hydra.errors import HydraException
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf.errors import OmegaConfBaseException
-
-log = logging.getLogger(__name__)
 
 USER_ERRORS = (
     HydraException,  # includes InstantiationException: a constructor rejected a config value
@@ -34,5 +31,5 @@ def report_user_errors():
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         message = str(err).strip() or type(err).__name__
-        log.error("%s: %s\n(set HYDRA_FULL_ERROR=1 for the full traceback)", type(err).__name__, message)
+        print(f"Error ({type(err).__name__}): {message}\n(set HYDRA_FULL_ERROR=1 for the full traceback)", file=sys.stderr)
         sys.exit(1)
