@@ -93,7 +93,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     data = torch.randint(0, args.vocab_size, (args.steps, args.batch_size, args.block_size + 1), generator=g)
     batches = [(d[:, :-1].contiguous(), d[:, 1:].contiguous()) for d in data]
-    for name, step in steps.items():
+    for step in steps.values():
         timed(step, batches[:1] * args.warmup)
 
     tokens = args.steps * args.batch_size * args.block_size

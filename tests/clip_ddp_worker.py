@@ -10,6 +10,7 @@ import lightning as L
 import torch
 from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
+
 from image_helpers import FixedBatches, fixed_caption_batch, tiny_clip_task
 
 

@@ -16,12 +16,13 @@ import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
-from image_helpers import FixedBatches, fixed_caption_batch, run_experiment, tiny_clip_task, write_caption_csv
 from torchmetrics.retrieval import RetrievalHitRate
 
 from lit_transformers.data import CaptionDataModule, Tokenizer
 from lit_transformers.tasks import ClipLoss
 from lit_transformers.tasks.evaluation import recall_at_k, zero_shot_classifier
+
+from image_helpers import FixedBatches, fixed_caption_batch, run_experiment, tiny_clip_task, write_caption_csv
 
 TESTS = Path(__file__).parent
 

@@ -8,7 +8,6 @@ from functools import partial
 import lightning as L
 import pytest
 import torch
-import torch.nn.functional as F
 
 from lit_transformers.callbacks import NonFiniteLossError, StopOnNonFiniteLoss
 from lit_transformers.models import GPT, GPTConfig

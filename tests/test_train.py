@@ -10,9 +10,10 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from conftest import EXPERIMENTS, LM_EXPERIMENTS, REPO, TINY_LM, run_cli, train_cli
 from lit_transformers.train import train
 from lit_transformers.utils.config import ConfigError, check_required, check_types, instantiate_group
+
+from conftest import EXPERIMENTS, LM_EXPERIMENTS, REPO, TINY_LM, run_cli, train_cli
 
 
 def _metrics(run_dir: Path) -> list[dict[str, str]]:

@@ -9,6 +9,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from lit_transformers.data.tokenizer import Tokenizer
 from lit_transformers.tasks.optim import decay_groups
 
 
@@ -47,6 +48,7 @@ class Task(L.LightningModule):
     ):
         super().__init__()
         self.model: nn.Module | None = None
+        self.tokenizer: Tokenizer | None = None  # text tasks take it from the datamodule in build_model
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError
@@ -80,3 +82,11 @@ class Task(L.LightningModule):
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if grads:
             self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), on_step=True, on_epoch=False)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.tokenizer is not None:
+            checkpoint["tokenizer"] = self.tokenizer.to_str()  # generation/zero-shot reload exactly this one
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "tokenizer" in checkpoint:
+            self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])

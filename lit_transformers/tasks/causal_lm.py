@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from torchmetrics import MinMetric
 from torchmetrics.text import Perplexity
 
-from lit_transformers.data.tokenizer import Tokenizer
 from lit_transformers.models import GPT, GPTConfig
 from lit_transformers.nn import generate, left_pad
 from lit_transformers.tasks.base import Task
@@ -29,7 +28,6 @@ class CausalLMTask(Task):
     ):
         super().__init__(optimizer, scheduler, init_from, compile)
         self.save_hyperparameters(logger=False)
-        self.tokenizer: Tokenizer | None = None
         self.val_ppl = Perplexity(ignore_index=IGNORE_INDEX)
         self.test_ppl = Perplexity(ignore_index=IGNORE_INDEX)
         self.val_loss_best = MinMetric()
@@ -101,11 +99,3 @@ class CausalLMTask(Task):
         )
         self.model.train(was_training)
         return [tok.decode(row[ids.size(1):].tolist()) for row in out]
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        if self.tokenizer is not None:
-            checkpoint["tokenizer"] = self.tokenizer.to_str()  # generation reloads exactly this tokenizer
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "tokenizer" in checkpoint:
-            self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])

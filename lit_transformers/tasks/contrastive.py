@@ -13,7 +13,6 @@ from torch import nn
 from torchmetrics.functional.classification import multiclass_accuracy
 
 from lit_transformers.data.captions import tokenize
-from lit_transformers.data.tokenizer import Tokenizer
 from lit_transformers.models.clip import CLIP, CLIPConfig
 from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.evaluation import log_image, matrix_image, recall_at_k, zero_shot_classifier
@@ -89,7 +88,6 @@ class ContrastiveTask(Task):
         super().__init__(optimizer, scheduler, init_from, compile)
         self.save_hyperparameters(logger=False)
         self.loss = ClipLoss(local_loss, gather_with_grad)
-        self.tokenizer: Tokenizer | None = None
         self._eval: dict[str, list[torch.Tensor]] = {}
         self._similarity: torch.Tensor | None = None
 
@@ -190,11 +188,3 @@ class ContrastiveTask(Task):
         if self._similarity is not None:
             log_image(self.trainer, f"{stage}/similarity", matrix_image(self._similarity))
             self._similarity = None
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        if self.tokenizer is not None:
-            checkpoint["tokenizer"] = self.tokenizer.to_str()  # zero-shot prompts need exactly this tokenizer
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "tokenizer" in checkpoint:
-            self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])
