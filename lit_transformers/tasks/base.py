@@ -79,6 +79,8 @@ class Task(L.LightningModule):
         }
 
     def on_before_optimizer_step(self, optimizer) -> None:
+        if not self.trainer._logger_connector.should_update_logs:
+            return  # an extra pass over every gradient is only worth it on steps that get logged
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if grads:
             self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), on_step=True, on_epoch=False)
