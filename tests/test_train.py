@@ -171,3 +171,14 @@ def test_generate_command_continues_a_prompt(compose_cfg, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "The for" in result.stdout
+
+
+def test_multirun_gives_each_job_its_own_config_and_wandb_run(tmp_path):
+    result = train_cli(
+        "-m", "seed=1,2", "logger=wandb", *TINY_LM, "trainer.max_steps=2", "test=false", "sample=null",
+        f"paths.log_dir={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = sorted((tmp_path / "train" / "multiruns").glob("*/[01]"))
+    assert [OmegaConf.load(job / "config_resolved.yaml").seed for job in jobs] == [1, 2]
+    assert all(len(list((job / "wandb").glob("offline-run-*"))) == 1 for job in jobs)
