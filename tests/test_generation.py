@@ -146,3 +146,12 @@ def test_generation_can_fill_the_whole_context(model):
     out = generate(model, ids, max_new_tokens=10, temperature=0)  # 54 + 10 = block_size 64
     assert out.shape == (1, 64)
     assert torch.equal(out, generate(model, ids, max_new_tokens=10, temperature=0, use_cache=False))
+
+
+def test_generated_tokens_can_feed_a_training_forward(model):
+    # PPO scores its own rollouts with gradients: generate() must not hand back inference-mode tensors
+    out = generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=4, temperature=0)
+    assert not out.is_inference()
+    model(out).logsumexp(-1).mean().backward()
+    assert model.tok_emb.weight.grad is not None
+    model.zero_grad()

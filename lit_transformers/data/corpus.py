@@ -20,6 +20,7 @@ class CorpusSpec:
     source: str = "pydoc"  # pydoc: CPython's bundled reference docs | path: a .txt file or folder | hub: HF datasets
     path: str | None = None  # file or folder, for source=path
     name: str | None = None  # dataset name or save_to_disk folder, for source=hub
+    subset: str | None = None  # dataset configuration, e.g. wikitext-2-raw-v1 for name=wikitext
     data_files: str | None = None  # optional data_files for load_dataset (e.g. name=text with local files)
     split: str = "train"  # HF split to read
     text_field: str = "text"  # column holding the text
@@ -70,7 +71,7 @@ def _documents_from_hub(spec: CorpusSpec) -> list[Document]:
         dataset = datasets.load_from_disk(spec.name)
         dataset = dataset[spec.split] if isinstance(dataset, datasets.DatasetDict) else dataset
     else:
-        dataset = datasets.load_dataset(spec.name, data_files=spec.data_files, split=spec.split)
+        dataset = datasets.load_dataset(spec.name, spec.subset, data_files=spec.data_files, split=spec.split)
     if spec.text_field not in dataset.column_names:
         raise KeyError(
             f"Dataset {spec.name} has no column {spec.text_field!r}; set data.corpus.text_field to one of "
