@@ -182,3 +182,15 @@ def test_multirun_gives_each_job_its_own_config_and_wandb_run(tmp_path):
     jobs = sorted((tmp_path / "train" / "multiruns").glob("*/[01]"))
     assert [OmegaConf.load(job / "config_resolved.yaml").seed for job in jobs] == [1, 2]
     assert all(len(list((job / "wandb").glob("offline-run-*"))) == 1 for job in jobs)
+
+
+@pytest.mark.parametrize("trainer", ["default", "cpu", "gpu", "ddp", "ddp_cpu", "fsdp"])
+def test_every_trainer_config_builds_its_strategy(compose_cfg, trainer):
+    cfg = compose_cfg(f"trainer={trainer}")
+    strategy = cfg.trainer.get("strategy")
+    if strategy is not None:  # GPU trainers cannot start here, but their strategy objects must build
+        built = instantiate(strategy)
+        if trainer == "fsdp":  # one FSDP unit per Transformer block
+            assert "TransformerBlock" in repr(built.kwargs["auto_wrap_policy"])
+    if cfg.trainer.accelerator in ("auto", "cpu"):
+        instantiate(cfg.trainer)
