@@ -48,13 +48,17 @@ def train(cfg: DictConfig) -> dict[str, float]:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         if cfg.test:
             best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-            if not best:
-                log.warning("No best checkpoint (fast_dev_run or train=false); testing the current weights")
-            trainer.test(task, datamodule=datamodule, ckpt_path=best or None, weights_only=False)
+            weights = best or cfg.ckpt_path  # train=false ckpt_path=X evaluates X
+            if not weights:
+                log.warning("No checkpoint to test (fast_dev_run, or train=false without ckpt_path): testing the current weights")
+            trainer.test(task, datamodule=datamodule, ckpt_path=weights or None, weights_only=False)
             metrics |= {k: float(v) for k, v in trainer.callback_metrics.items()}
-        if trainer.is_global_zero and cfg.get("sample") and hasattr(task, "sample"):
-            for prompt, text in zip(cfg.sample.prompts, task.sample(list(cfg.sample.prompts), cfg.sample.max_new_tokens)):
-                print(f"\n--- sample ---\n{prompt}{text}")
+        if cfg.get("sample") and hasattr(task, "sample"):
+            # every rank generates (an FSDP forward needs them all); rank 0 prints
+            texts = task.sample(list(cfg.sample.prompts), cfg.sample.max_new_tokens)
+            if trainer.is_global_zero:
+                for prompt, text in zip(cfg.sample.prompts, texts):
+                    print(f"\n--- sample ---\n{prompt}{text}")
     finally:
         for logger in loggers:
             if isinstance(logger, L.pytorch.loggers.WandbLogger):
@@ -73,12 +77,12 @@ def main(cfg: DictConfig) -> float | None:
             check_types(cfg)
             cfg = resolve_once(cfg)
             metrics = train(cfg)
+            metric = cfg.get("optimized_metric")
+            if metric and metric not in metrics:
+                raise ConfigError(f"optimized_metric={metric} was not logged; choose one of {sorted(metrics)}")
     finally:
         if launched_here:  # the next job of a multirun resolves its own config
             os.environ.pop(RESOLVED_CONFIG_ENV, None)
-    metric = cfg.get("optimized_metric")
-    if metric and metric not in metrics:
-        raise ConfigError(f"optimized_metric={metric} was not logged; available: {sorted(metrics)}")
     return metrics.get(metric) if metric else None
 
 

@@ -43,6 +43,7 @@ def test_tokenizer_round_trips_and_keeps_special_ids_distinct(kind, tmp_path):
     reloaded = Tokenizer.from_file(tmp_path / "tok.json")
     assert reloaded.encode(sample) == tok.encode(sample)
     assert Tokenizer.from_str(tok.to_str()).vocab_size == tok.vocab_size
+    assert tok.decode([*tok.encode("def"), tok.eos_id, tok.pad_id, tok.pad_id]) == "def"
 
 
 def test_bpe_encodes_unseen_bytes_without_unknown_tokens():
@@ -114,7 +115,9 @@ def test_datamodule_windows_are_next_token_pairs_and_tokenizer_is_cached(tmp_pat
     window = dm.datasets["val"][0]
     stream = dm.datasets["val"].tokens
     assert torch.equal(window["input_ids"], stream[:16]) and torch.equal(window["labels"], stream[1:17])
-    assert dm.tokenizer.eos_id in stream.tolist()  # documents are separated by EOS
+    # every document is wrapped in BOS ... EOS, as generation prompts start with BOS
+    assert stream.tolist().count(dm.tokenizer.bos_id) == stream.tolist().count(dm.tokenizer.eos_id) == 2  # 2 val documents
+    assert stream[0] == dm.tokenizer.bos_id
 
 
 def test_split_shorter_than_one_window_names_the_fix(tmp_path):

@@ -148,6 +148,12 @@ def test_generation_can_fill_the_whole_context(model):
     assert torch.equal(out, generate(model, ids, max_new_tokens=10, temperature=0, use_cache=False))
 
 
+@pytest.mark.parametrize("settings", [{"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -2}])
+def test_invalid_sampling_settings_are_rejected(settings):
+    with pytest.raises(ValueError, match="Invalid sampling settings"):
+        sample_next(torch.zeros(1, 5), **{"temperature": 1.0, **settings})
+
+
 def test_generated_tokens_can_feed_a_training_forward(model):
     # PPO scores its own rollouts with gradients: generate() must not hand back inference-mode tensors
     out = generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=4, temperature=0)

@@ -10,6 +10,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from lit_transformers.tasks import CausalLMTask
 from lit_transformers.train import train
 from lit_transformers.utils.config import ConfigError, check_required, check_types, instantiate_group
 
@@ -86,22 +87,36 @@ def test_resume_continues_step_optimizer_and_schedule(compose_cfg, tmp_path):
     adam_steps = {float(s["step"]) for s in final["optimizer_states"][0]["state"].values()}
     assert adam_steps == {8.0}  # Adam moments carried over, not restarted
     assert final["lr_schedulers"][0]["last_epoch"] == 8
+    best_before = first["state_dict"]["val_loss_best.min_value"]
+    assert final["state_dict"]["val_loss_best.min_value"] <= best_before  # the best survives the resume
 
 
-def test_init_from_loads_weights_only(compose_cfg, tmp_path):
-    train(compose_cfg(*TINY_LM, "test=false", "sample=null"))
-    source = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
-    cfg = compose_cfg(*TINY_LM, "train=false", "sample=null", f"init_from={tmp_path / 'checkpoints' / 'last.ckpt'}")
-    cfg.callbacks.model_checkpoint = None
-    task = instantiate(cfg.task, model=instantiate(cfg.model), init_from=cfg.init_from, _convert_="object")
-    datamodule = instantiate(cfg.data, _convert_="all")
-    datamodule.setup("fit")
-    task._trainer = None
-    task.tokenizer = datamodule.tokenizer
-    task.hparams.model.vocab_size = datamodule.tokenizer.vocab_size
-    task.configure_model()
-    for name, value in task.model.state_dict().items():
-        assert torch.equal(value, source["state_dict"][f"model.{name}"]), name
+def test_init_from_loads_weights_and_the_child_no_longer_needs_the_parent(compose_cfg, tmp_path):
+    parent_dir = tmp_path / "parent"
+    cfg = compose_cfg(*TINY_LM, "test=false", "sample=null")
+    cfg.callbacks.model_checkpoint.dirpath = str(parent_dir)
+    train(cfg)
+    parent = parent_dir / "last.ckpt"
+    parent_weights = torch.load(parent, weights_only=False)["state_dict"]
+    # lr=0: the child trains without moving, so its weights must be exactly the parent's
+    child_cfg = compose_cfg(*TINY_LM, "test=false", "sample=null", f"init_from={parent}", "task.optimizer.lr=0",
+                            "task.optimizer.weight_decay=0")
+    train(child_cfg)
+    child = tmp_path / "checkpoints" / "last.ckpt"
+    child_weights = torch.load(child, weights_only=False)["state_dict"]
+    assert all(torch.equal(child_weights[k], v) for k, v in parent_weights.items() if k.startswith("model."))
+    parent.unlink()
+    reloaded = CausalLMTask.load_from_checkpoint(child, weights_only=False)
+    assert reloaded.tokenizer is not None and (tmp_path / "checkpoints" / "tokenizer.json").is_file()
+
+
+def test_test_only_run_evaluates_the_given_checkpoint(compose_cfg, tmp_path):
+    trained = train(compose_cfg(*TINY_LM, "sample=null"))
+    # test=true after training evaluates the best checkpoint; evaluating last.ckpt alone must give its loss,
+    # not the loss of freshly initialised weights (~ln(vocab) = 5.70)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    again = train(compose_cfg(*TINY_LM, "sample=null", "train=false", f"ckpt_path={last}"))
+    assert again["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-4)
 
 
 def test_ddp_cpu_two_processes_one_run_dir_all_loggers(tmp_path):
@@ -132,6 +147,8 @@ def test_ddp_cpu_two_processes_one_run_dir_all_loggers(tmp_path):
         ("model.n_layer=abc", "n_layer"),
         ("+model.n_layerz=3", "n_layerz"),
         ("ckpt_path=/does/not/exist.ckpt", "ckpt_path"),
+        ("data.batch_size=abc", "data.batch_size"),
+        ("train=maybe", "train"),
     ],
 )
 def test_bad_config_fails_fast_with_a_short_message(override, expected, tmp_path):

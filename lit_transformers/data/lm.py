@@ -79,7 +79,14 @@ class CausalLMDataModule(L.LightningDataModule):
         self.tokenizer = Tokenizer.from_file(self.tokenizer_path)
         block_size = self.hparams.block_size
         for name, docs in self._splits().items():
-            ids = [tok for doc in self.tokenizer.encode_batch([t for _, t in docs]) for tok in (*doc, self.tokenizer.eos_id)]
+            if not docs:
+                raise ValueError(
+                    f"The {name} split has no documents; raise data.val_fraction/data.test_fraction above 0"
+                )
+            tok = self.tokenizer
+            # BOS ... EOS around each document: generation starts prompts with BOS, so the model must see it
+            encoded = tok.encode_batch([text for _, text in docs])
+            ids = [i for doc in encoded for i in (tok.bos_id, *doc, tok.eos_id)]
             self.datasets[name] = TokenWindows(torch.tensor(ids, dtype=torch.long), block_size)
             if len(self.datasets[name]) == 0:
                 raise ValueError(

@@ -44,6 +44,7 @@ class Tokenizer:
             backend = HFTokenizer(models.WordLevel(vocab, unk_token=UNK))
             backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
             backend.decoder = decoders.Fuse()  # join characters without spaces
+            backend.add_special_tokens([PAD, BOS, EOS, UNK])  # so decode(skip_special_tokens=True) drops them
         else:
             raise ValueError(f"Unknown tokenizer kind {kind!r}; choose one of {KINDS}")
         return cls(backend)

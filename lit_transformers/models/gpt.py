@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -138,6 +138,3 @@ class GPT(nn.Module):
         if save_dir is not None:
             hf_model.save_pretrained(str(save_dir))
         return hf_model
-
-    def config_dict(self) -> dict:
-        return asdict(self.config)

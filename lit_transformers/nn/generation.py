@@ -42,6 +42,11 @@ def sample_next(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Pick one token per row from (B, V) logits. temperature == 0 means greedy (argmax)."""
+    if temperature < 0 or (top_k is not None and top_k < 0) or (top_p is not None and not 0 < top_p <= 1):
+        raise ValueError(
+            f"Invalid sampling settings temperature={temperature}, top_k={top_k}, top_p={top_p}: "
+            "need temperature >= 0 (0 = greedy), top_k >= 0 (0 = off) and 0 < top_p <= 1"
+        )
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature

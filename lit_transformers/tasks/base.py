@@ -20,8 +20,9 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
         raise FileNotFoundError(f"init_from={path} not found; pass a .ckpt from an earlier run")
     state = torch.load(path, map_location="cpu", weights_only=False)
     state = state.get("state_dict", state)
-    # Lightning checkpoints name weights "model.<name>" (the task's attribute)
-    state = {k.removeprefix("model."): v for k, v in state.items()}
+    # Lightning checkpoints name weights "model.<name>" (the task's attribute) beside metric states
+    if any(k.startswith("model.") for k in state):
+        state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
@@ -59,6 +60,8 @@ class Task(L.LightningModule):
         self.model = self.build_model()
         if self.hparams.init_from:
             load_weights(self.model, self.hparams.init_from)
+            # the weights now live in this task's own checkpoints; reloading them must not need the parent file
+            self.hparams.init_from = None
         if self.hparams.compile:
             self.model.compile()  # in place: state-dict names stay free of "_orig_mod."
 
@@ -79,11 +82,16 @@ class Task(L.LightningModule):
         }
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        if not self.trainer._logger_connector.should_update_logs:
+        if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps:
             return  # an extra pass over every gradient is only worth it on steps that get logged
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         if grads:
             self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), on_step=True, on_epoch=False)
+
+    def on_fit_start(self) -> None:
+        checkpoints = self.trainer.checkpoint_callback
+        if self.tokenizer is not None and self.trainer.is_global_zero and getattr(checkpoints, "dirpath", None):
+            self.tokenizer.save(Path(checkpoints.dirpath) / "tokenizer.json")  # for tools outside this package
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.tokenizer is not None:

@@ -31,6 +31,7 @@ class CausalLMTask(Task):
         self.val_ppl = Perplexity(ignore_index=IGNORE_INDEX)
         self.test_ppl = Perplexity(ignore_index=IGNORE_INDEX)
         self.val_loss_best = MinMetric()
+        self.val_loss_best.persistent(True)  # saved in checkpoints: the best survives a resume
 
     def build_model(self) -> GPT:
         config: GPTConfig = self.hparams.model

@@ -34,6 +34,7 @@ class ImageClassificationTask(Task):
         self.save_hyperparameters(logger=False)
         self.soft_target_loss = SoftTargetCrossEntropy()
         self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)  # saved in checkpoints: the best survives a resume
 
     def build_model(self) -> nn.Module:
         datamodule = self._trainer.datamodule if self._trainer is not None else None

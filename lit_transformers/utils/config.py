@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
+import typing
 from pathlib import Path
 
 from hydra.utils import get_object, instantiate
@@ -23,12 +25,43 @@ def check_required(cfg: DictConfig) -> None:
         raise ConfigError(f"Missing required value(s): {keys}. Set them on the command line, e.g. {sorted(missing)[0]}=...")
 
 
-def check_types(cfg: DictConfig, path: str = "") -> None:
-    """Type-check every node whose ``_target_`` is a dataclass (e.g. ``model``) against its fields.
+# the run flags train.yaml owns; groups are checked against the signatures of their _target_s
+TOP_LEVEL_TYPES = {"seed": int, "train": bool, "test": bool, "compile": bool}
 
-    Hydra already rejects overrides of keys that do not exist; this adds the field types, so
-    ``model.n_layer=abc`` fails here instead of deep inside model construction.
+
+def _numeric_only(annotation) -> bool:
+    """True when an annotation admits only plain classes and none of them is str (or a str parent)."""
+    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
+    classes = [typing.get_origin(a) or a for a in args]
+    return all(isinstance(c, type) for c in classes) and not any(issubclass(str, c) for c in classes)
+
+
+def _check_signature(obj, node: DictConfig, full_key: str) -> None:
+    """A string where the target's signature wants numbers/bools (``trainer.max_steps=abc``) is an error."""
+    try:
+        hints = typing.get_type_hints(obj.__init__ if isinstance(obj, type) else obj)
+    except Exception:  # noqa: BLE001 - unresolvable annotations: nothing to check against
+        return
+    for key in node:
+        if key not in hints or OmegaConf.is_missing(node, key):
+            continue
+        value = node[key]
+        if isinstance(value, str) and _numeric_only(hints[key]):
+            raise ConfigError(f"{full_key}.{key}={value!r} has the wrong type: expected {hints[key]}")
+
+
+def check_types(cfg: DictConfig, path: str = "") -> None:
+    """Type-check the run flags, every dataclass ``_target_`` (e.g. ``model``) against its fields, and every
+    other ``_target_`` against its signature.
+
+    Hydra already rejects overrides of keys that do not exist; this adds the types, so ``model.n_layer=abc``
+    or ``data.batch_size=abc`` fails here instead of deep inside construction.
     """
+    if not path:
+        for key, expected in TOP_LEVEL_TYPES.items():
+            value = cfg.get(key)
+            if value is not None and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
+                raise ConfigError(f"{key}={value!r} has the wrong type: expected {expected.__name__}")
     for key, node in cfg.items_ex(resolve=False) if isinstance(cfg, DictConfig) else []:
         if not isinstance(node, DictConfig):
             continue
@@ -45,6 +78,8 @@ def check_types(cfg: DictConfig, path: str = "") -> None:
                     OmegaConf.merge(OmegaConf.structured(obj), values)
                 except Exception as err:  # noqa: BLE001 - omegaconf validation errors
                     raise ConfigError(f"Invalid value in {full_key}: {err}".replace("\n", " ")) from err
+            else:
+                _check_signature(obj, node, full_key)
         check_types(node, f"{full_key}.")
 
 
