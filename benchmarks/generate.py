@@ -29,12 +29,21 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=512, help="must hold prompt + new tokens")
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--uncached-new-tokens", type=int, default=64,
-                   help="new tokens for the (slow, quadratic) uncached run")
+    p.add_argument(
+        "--uncached-new-tokens",
+        type=int,
+        default=64,
+        help="new tokens for the (slow, quadratic) uncached run",
+    )
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--lengths", type=int, nargs="+", default=[16, 64, 128, 256, 384, 496],
-                   help="sequence lengths for the per-token table")
+    p.add_argument(
+        "--lengths",
+        type=int,
+        nargs="+",
+        default=[16, 64, 128, 256, 384, 496],
+        help="sequence lengths for the per-token table",
+    )
     p.add_argument("--threads", type=int, default=None)
     return p.parse_args()
 
@@ -48,7 +57,9 @@ def clock(fn) -> float:
 @torch.no_grad()
 def per_token_ms(model: GPT, length: int, cached: bool, n: int = 5) -> float:
     """Median ms to produce the logits of token `length + 1` given `length` earlier tokens."""
-    ids = torch.randint(0, model.config.vocab_size, (1, length + 1), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        0, model.config.vocab_size, (1, length + 1), generator=torch.Generator().manual_seed(0)
+    )
     times = []
     if cached:
         caches = model.new_caches(1, length + 1)
@@ -71,21 +82,33 @@ def main() -> None:
         raise SystemExit(f"--prompt-len + --new-tokens must fit --block-size {args.block_size}")
     torch.manual_seed(0)
     config = GPTConfig(
-        vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-        d_model=args.d_model, dropout=0.0,
+        vocab_size=args.vocab_size,
+        block_size=args.block_size,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        d_model=args.d_model,
+        dropout=0.0,
     )
     ours = GPT(config).eval()
     hf = ours.to_hf().eval()
-    prompt = torch.randint(0, args.vocab_size, (args.batch_size, args.prompt_len),
-                           generator=torch.Generator().manual_seed(1))
+    prompt = torch.randint(
+        0, args.vocab_size, (args.batch_size, args.prompt_len), generator=torch.Generator().manual_seed(1)
+    )
     mask = torch.ones_like(prompt)
 
     def run_ours(cache=True, n=args.new_tokens):
         return generate(ours, prompt, mask, max_new_tokens=n, temperature=0, use_cache=cache)
 
     def run_hf(n=args.new_tokens):
-        return hf.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                           pad_token_id=0, eos_token_id=None)
+        return hf.generate(
+            prompt,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
 
     with torch.no_grad():
         same = torch.equal(run_ours(), run_hf())  # also the warm-up
@@ -93,7 +116,10 @@ def main() -> None:
     methods = {
         "ours (KV cache)": (run_ours, args.new_tokens),
         "hf generate()": (run_hf, args.new_tokens),
-        "ours (no cache)": (lambda: run_ours(cache=False, n=args.uncached_new_tokens), args.uncached_new_tokens),
+        "ours (no cache)": (
+            lambda: run_ours(cache=False, n=args.uncached_new_tokens),
+            args.uncached_new_tokens,
+        ),
     }
     rates = {name: [] for name in methods}
     with torch.no_grad():
@@ -103,24 +129,30 @@ def main() -> None:
                 fn, n = methods[name]
                 rates[name].append(args.batch_size * n / clock(fn))
 
-    print(f"\nGreedy generation (fp32, {torch.get_num_threads()} threads): n_layer={args.n_layer} "
-          f"d_model={args.d_model} vocab={args.vocab_size} batch={args.batch_size} prompt={args.prompt_len} "
-          f"repeats={args.repeats}")
+    print(
+        f"\nGreedy generation (fp32, {torch.get_num_threads()} threads): n_layer={args.n_layer} "
+        f"d_model={args.d_model} vocab={args.vocab_size} batch={args.batch_size} prompt={args.prompt_len} "
+        f"repeats={args.repeats}"
+    )
     print(f"{'method':<18}{'new tokens':>12}{'median tok/s':>14}")
     for name, (_, n) in methods.items():
         print(f"{name:<18}{n:>12}{statistics.median(rates[name]):>14.1f}")
     ratio_hf = [o / h for o, h in zip(rates["ours (KV cache)"], rates["hf generate()"])]
     print(f"tokens identical to HF greedy: {'yes' if same else 'NO'}")
     print(f"ours cached / hf generate(): {statistics.median(ratio_hf):.3f}x  (target >= 1.2x)")
-    print(f"ours cached / ours uncached: "
-          f"{statistics.median(rates['ours (KV cache)']) / statistics.median(rates['ours (no cache)']):.1f}x "
-          f"(uncached measured on {args.uncached_new_tokens} new tokens; it only gets slower with more)")
+    print(
+        f"ours cached / ours uncached: "
+        f"{statistics.median(rates['ours (KV cache)']) / statistics.median(rates['ours (no cache)']):.1f}x "
+        f"(uncached measured on {args.uncached_new_tokens} new tokens; it only gets slower with more)"
+    )
 
     print(f"\nper-token time vs sequence length (batch 1)\n{'length':>8}{'cached ms':>12}{'uncached ms':>14}")
     for length in args.lengths:
         if length + 1 > args.block_size:
             continue
-        print(f"{length:>8}{per_token_ms(ours, length, True):>12.2f}{per_token_ms(ours, length, False):>14.2f}")
+        print(
+            f"{length:>8}{per_token_ms(ours, length, True):>12.2f}{per_token_ms(ours, length, False):>14.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -33,9 +33,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per run")
     p.add_argument("--repeats", type=int, default=5, help="alternating (ours, HF) run pairs")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model before timing")
-    p.add_argument("--compile", nargs="?", const="both", choices=["both", "ours"], default=None,
-                   help="torch.compile both models (default when given) or only ours (task.compile=true) vs eager HF")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const="both",
+        choices=["both", "ours"],
+        default=None,
+        help="torch.compile both models (default when given) or only ours (task.compile=true) vs eager HF",
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)"
+    )
     return p.parse_args()
 
 
@@ -76,12 +84,19 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     config = GPTConfig(
-        vocab_size=args.vocab_size, block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
-        d_model=args.d_model, dropout=0.0,
+        vocab_size=args.vocab_size,
+        block_size=args.block_size,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        d_model=args.d_model,
+        dropout=0.0,
     )
     ours = GPT(config).train()
     hf = ours.to_hf().train()  # same weights, GPT-2's own layout (Conv1D, gelu_new, its attention path)
-    models = {"ours": (ours, lambda m, x: m(x)), "hf": (hf, lambda m, x: m(input_ids=x, use_cache=False).logits)}
+    models = {
+        "ours": (ours, lambda m, x: m(x)),
+        "hf": (hf, lambda m, x: m(input_ids=x, use_cache=False).logits),
+    }
     steps = {}
     for name, (model, logits_of) in models.items():
         # identical optimizer settings for both (torch's default multi-tensor AdamW on CPU)
@@ -109,16 +124,19 @@ def main() -> None:
     flops_per_token = 6 * n_params + 12 * L * T * d  # forward+backward matmuls + attention scores/values
     peak = matmul_flops()
     mode = {None: "eager", "both": "torch.compile both", "ours": "torch.compile ours, HF eager"}[args.compile]
-    print(f"\nGPT training step  ({mode}, fp32, "
-          f"{torch.get_num_threads()} threads)")
-    print(f"config: n_layer={L} d_model={d} n_head={args.n_head} block_size={T} vocab={args.vocab_size} "
-          f"batch={args.batch_size}  params={n_params / 1e6:.2f}M  steps/run={args.steps} repeats={args.repeats}")
+    print(f"\nGPT training step  ({mode}, fp32, {torch.get_num_threads()} threads)")
+    print(
+        f"config: n_layer={L} d_model={d} n_head={args.n_head} block_size={T} vocab={args.vocab_size} "
+        f"batch={args.batch_size}  params={n_params / 1e6:.2f}M  steps/run={args.steps} repeats={args.repeats}"
+    )
     print(f"{'model':<8}{'median tok/s':>14}{'min':>10}{'max':>10}{'TFLOP/s':>10}{'MFU':>8}")
     for name in ("ours", "hf"):
         med = statistics.median(rates[name])
         achieved = med * flops_per_token
-        print(f"{name:<8}{med:>14.0f}{min(rates[name]):>10.0f}{max(rates[name]):>10.0f}"
-              f"{achieved / 1e12:>10.3f}{achieved / peak:>8.1%}")
+        print(
+            f"{name:<8}{med:>14.0f}{min(rates[name]):>10.0f}{max(rates[name]):>10.0f}"
+            f"{achieved / 1e12:>10.3f}{achieved / peak:>8.1%}"
+        )
     print(f"measured fp32 matmul peak (2048^3): {peak / 1e12:.3f} TFLOP/s")
     print(f"ratio ours/hf per repeat: {' '.join(f'{x:.3f}' for x in ratios)}")
     print(f"median speedup ours/hf: {statistics.median(ratios):.3f}x  (target >= 1.1x)")

@@ -23,7 +23,9 @@ def continuations(cfg: DictConfig) -> list[tuple[str, str]]:
     try:
         task = CausalLMTask.load_from_checkpoint(cfg.ckpt, map_location=cfg.device, weights_only=False)
     except (pickle.UnpicklingError, RuntimeError, KeyError, TypeError) as err:
-        raise ValueError(f"ckpt={cfg.ckpt} is not a causal-LM checkpoint written by train.py ({err})") from err
+        raise ValueError(
+            f"ckpt={cfg.ckpt} is not a causal-LM checkpoint written by train.py ({err})"
+        ) from err
     prompts = list(cfg.prompts) if cfg.prompts else [cfg.prompt]
     texts = task.sample(prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, seed=cfg.seed)
     return list(zip(prompts, texts))

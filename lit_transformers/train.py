@@ -33,7 +33,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     datamodule: L.LightningDataModule = instantiate(cfg.data, _convert_="all")
     task: L.LightningModule = instantiate(
-        cfg.task, model=instantiate(cfg.model), init_from=cfg.init_from, compile=cfg.compile, _convert_="object"
+        cfg.task,
+        model=instantiate(cfg.model),
+        init_from=cfg.init_from,
+        compile=cfg.compile,
+        _convert_="object",
     )
     callbacks = instantiate_group(cfg.get("callbacks"), "callbacks")
     loggers = instantiate_group(cfg.get("logger"), "logger")
@@ -50,7 +54,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
             best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
             weights = best or cfg.ckpt_path  # train=false ckpt_path=X evaluates X
             if not weights:
-                log.warning("No checkpoint to test (fast_dev_run, or train=false without ckpt_path): testing the current weights")
+                log.warning(
+                    "No checkpoint to test (fast_dev_run, or train=false without ckpt_path): testing the current weights"
+                )
             trainer.test(task, datamodule=datamodule, ckpt_path=weights or None, weights_only=False)
             metrics |= {k: float(v) for k, v in trainer.callback_metrics.items()}
         if cfg.get("sample") and hasattr(task, "sample"):
@@ -79,7 +85,9 @@ def main(cfg: DictConfig) -> float | None:
             metrics = train(cfg)
             metric = cfg.get("optimized_metric")
             if metric and metric not in metrics:
-                raise ConfigError(f"optimized_metric={metric} was not logged; choose one of {sorted(metrics)}")
+                raise ConfigError(
+                    f"optimized_metric={metric} was not logged; choose one of {sorted(metrics)}"
+                )
     finally:
         if launched_here:  # the next job of a multirun resolves its own config
             os.environ.pop(RESOLVED_CONFIG_ENV, None)

@@ -15,7 +15,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (REPO / "lit_transformers" / "conf" / "experiment").glob("*.yaml"))
-LM_EXPERIMENTS = [name for name in EXPERIMENTS if name.startswith("gpt")]  # image ones: tests/test_vit, test_clip
+LM_EXPERIMENTS = [
+    name for name in EXPERIMENTS if name.startswith("gpt")
+]  # image ones: tests/test_vit, test_clip
 
 # a GPT small enough that every stage of a run takes seconds on 2 CPU cores
 TINY_LM = [
@@ -50,7 +52,9 @@ def compose_cfg(tmp_path, cache_dir):
     def _compose(*overrides: str, resolve: bool = True) -> DictConfig:
         GlobalHydra.instance().clear()
         with initialize_config_module("lit_transformers.conf", version_base="1.3"):
-            cfg = compose("train", overrides=[f"paths.cache_dir={cache_dir}", *overrides], return_hydra_config=True)
+            cfg = compose(
+                "train", overrides=[f"paths.cache_dir={cache_dir}", *overrides], return_hydra_config=True
+            )
         HydraConfig.instance().set_config(cfg)
         with open_dict(cfg):
             cfg.paths.output_dir = str(tmp_path)

@@ -22,7 +22,11 @@ def test_split_is_by_document_deterministic_and_disjoint():
     assert first == again
     ids = {name: {d for d, _ in split} for name, split in first.items()}
     assert (len(ids["train"]), len(ids["val"]), len(ids["test"])) == (85, 10, 5)
-    assert not (ids["train"] & ids["val"]) and not (ids["train"] & ids["test"]) and not (ids["val"] & ids["test"])
+    assert (
+        not (ids["train"] & ids["val"])
+        and not (ids["train"] & ids["test"])
+        and not (ids["val"] & ids["test"])
+    )
     other_seed = split_documents(docs, 0.1, 0.05, seed=1)
     assert {d for d, _ in other_seed["val"]} != ids["val"]
 
@@ -96,8 +100,15 @@ def _datamodule(tmp_path, **kwargs) -> CausalLMDataModule:
     corpus.mkdir(exist_ok=True)
     for i in range(20):
         (corpus / f"{i:02d}.txt").write_text(f"Document {i} talks about loops and functions. " * 20)
-    defaults = dict(corpus={"source": "path", "path": str(corpus)}, vocab_size=300, block_size=16, batch_size=4,
-                    val_fraction=0.1, test_fraction=0.1, cache_dir=str(tmp_path / "cache"))
+    defaults = dict(
+        corpus={"source": "path", "path": str(corpus)},
+        vocab_size=300,
+        block_size=16,
+        batch_size=4,
+        val_fraction=0.1,
+        test_fraction=0.1,
+        cache_dir=str(tmp_path / "cache"),
+    )
     return CausalLMDataModule(**{**defaults, **kwargs})
 
 
@@ -116,7 +127,9 @@ def test_datamodule_windows_are_next_token_pairs_and_tokenizer_is_cached(tmp_pat
     stream = dm.datasets["val"].tokens
     assert torch.equal(window["input_ids"], stream[:16]) and torch.equal(window["labels"], stream[1:17])
     # every document is wrapped in BOS ... EOS, as generation prompts start with BOS
-    assert stream.tolist().count(dm.tokenizer.bos_id) == stream.tolist().count(dm.tokenizer.eos_id) == 2  # 2 val documents
+    assert (
+        stream.tolist().count(dm.tokenizer.bos_id) == stream.tolist().count(dm.tokenizer.eos_id) == 2
+    )  # 2 val documents
     assert stream[0] == dm.tokenizer.bos_id
 
 

@@ -29,8 +29,12 @@ def test_greedy_matches_hf_generate(model):
     hf = model.to_hf()
     ids = torch.tensor([_prompts()[0]])
     expected = hf.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
-        pad_token_id=PAD, eos_token_id=None,
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=20,
+        do_sample=False,
+        pad_token_id=PAD,
+        eos_token_id=None,
     )
     for use_cache in (True, False):
         got = generate(model, ids, max_new_tokens=20, temperature=0, use_cache=use_cache)
@@ -52,7 +56,12 @@ def test_batched_left_padded_greedy_matches_hf(model):
     hf = model.to_hf()
     ids, valid = left_pad(_prompts(), PAD)
     expected = hf.generate(
-        ids, attention_mask=valid.long(), max_new_tokens=12, do_sample=False, pad_token_id=PAD, eos_token_id=None
+        ids,
+        attention_mask=valid.long(),
+        max_new_tokens=12,
+        do_sample=False,
+        pad_token_id=PAD,
+        eos_token_id=None,
     )
     assert torch.equal(generate(model, ids, valid, max_new_tokens=12, temperature=0), expected)
 
@@ -119,7 +128,9 @@ def test_sampling_frequencies_follow_the_filtered_distribution():
     expected = torch.tensor([0.0, 0.4, 0.0, 0.3, 0.15]) / 0.85
     torch.testing.assert_close(freq, expected, atol=0.015, rtol=0)
     # temperature 2 flattens: p ~ probs ** (1/2)
-    draws = sample_next(probs.log().expand(20000, -1), temperature=2.0, generator=torch.Generator().manual_seed(2))
+    draws = sample_next(
+        probs.log().expand(20000, -1), temperature=2.0, generator=torch.Generator().manual_seed(2)
+    )
     freq = torch.bincount(draws, minlength=5).float() / draws.numel()
     torch.testing.assert_close(freq, probs[0].sqrt() / probs[0].sqrt().sum(), atol=0.015, rtol=0)
 

@@ -74,7 +74,9 @@ def test_untied_gpt2_round_trips():
 
 def _gpt(position="learned", **kw):
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=97, block_size=40, n_layer=2, n_head=4, d_model=32, position=position, **kw)).eval()
+    return GPT(
+        GPTConfig(vocab_size=97, block_size=40, n_layer=2, n_head=4, d_model=32, position=position, **kw)
+    ).eval()
 
 
 @pytest.mark.parametrize("position", ["learned", "sinusoidal", "rope"])
@@ -114,7 +116,9 @@ def test_kv_cache_with_left_padding_equals_each_prompt_alone(position):
         nxt = torch.tensor([[rows[i][prompt_len[i] + step]] for i in range(2)])
         valid = torch.cat([valid, torch.ones(2, 1, dtype=torch.bool)], dim=1)
         positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
-        logits.append(model(nxt, position_ids=positions[:, -1:], mask=valid[:, None, None, :], caches=caches)[:, -1])
+        logits.append(
+            model(nxt, position_ids=positions[:, -1:], mask=valid[:, None, None, :], caches=caches)[:, -1]
+        )
     for i in range(2):
         alone = model(torch.tensor([rows[i][: prompt_len[i] + 4]]))[0, prompt_len[i] - 1 :]
         torch.testing.assert_close(torch.stack([lg[i] for lg in logits]), alone, atol=1e-5, rtol=1e-5)

@@ -99,7 +99,9 @@ def test_notes_worked_example_two_tokens():
     q = x[0, 0] * 2 * math.sqrt(2)
     scores = x[0] @ q / math.sqrt(2)
     torch.testing.assert_close(scores, torch.tensor([2.0, 0.0], dtype=torch.float64))
-    torch.testing.assert_close(scores.softmax(-1), torch.tensor([0.881, 0.119], dtype=torch.float64), atol=5e-4, rtol=0)
+    torch.testing.assert_close(
+        scores.softmax(-1), torch.tensor([0.881, 0.119], dtype=torch.float64), atol=5e-4, rtol=0
+    )
     z1 = attn(x)[0, 0]
     torch.testing.assert_close(z1, torch.tensor([0.881, 0.238], dtype=torch.float64), atol=5e-4, rtol=0)
 

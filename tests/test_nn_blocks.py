@@ -36,9 +36,13 @@ def _randomize(module):
 @pytest.mark.parametrize("norm_first", [True, False])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_encoder_block_matches_torch_encoder_layer(norm_first, activation):
-    ref = nn.TransformerEncoderLayer(
-        D, H, FF, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
-    ).double().eval()
+    ref = (
+        nn.TransformerEncoderLayer(
+            D, H, FF, dropout=0.0, activation=activation, batch_first=True, norm_first=norm_first
+        )
+        .double()
+        .eval()
+    )
     _randomize(ref)
     ours = EncoderBlock(D, H, d_ff=FF, activation=activation, norm_first=norm_first).double().eval()
     with torch.no_grad():
@@ -55,9 +59,13 @@ def test_encoder_block_matches_torch_encoder_layer(norm_first, activation):
 
 
 def _decoder_pair(norm_first):
-    ref = nn.TransformerDecoderLayer(
-        D, H, FF, dropout=0.0, activation="gelu", batch_first=True, norm_first=norm_first
-    ).double().eval()
+    ref = (
+        nn.TransformerDecoderLayer(
+            D, H, FF, dropout=0.0, activation="gelu", batch_first=True, norm_first=norm_first
+        )
+        .double()
+        .eval()
+    )
     _randomize(ref)
     ours = DecoderBlock(D, H, cross_attention=True, d_ff=FF, activation="gelu", norm_first=norm_first)
     ours = ours.double().eval()
@@ -88,7 +96,9 @@ def test_decoder_block_incremental_decoding_matches_full_pass():
     tgt = torch.randn(2, 6, D, dtype=torch.float64)
     memory = torch.randn(2, 9, D, dtype=torch.float64)
     full = ours(tgt, context=memory)
-    cache = LayerCache(KVCache(2, H, 6, D // H, dtype=torch.float64), KVCache(2, H, 9, D // H, dtype=torch.float64))
+    cache = LayerCache(
+        KVCache(2, H, 6, D // H, dtype=torch.float64), KVCache(2, H, 9, D // H, dtype=torch.float64)
+    )
     steps = [ours(tgt[:, :2], context=memory, cache=cache)]
     steps += [ours(tgt[:, t : t + 1], context=memory, cache=cache) for t in range(2, 6)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full)
@@ -100,7 +110,9 @@ def _reference_pre_norm_block(x, block):
     hs = D // H
 
     def ln(h, m):
-        return (h - h.mean(-1, keepdim=True)) / torch.sqrt(h.var(-1, unbiased=False, keepdim=True) + m.eps) * m.weight + m.bias
+        return (h - h.mean(-1, keepdim=True)) / torch.sqrt(
+            h.var(-1, unbiased=False, keepdim=True) + m.eps
+        ) * m.weight + m.bias
 
     h = ln(x, block.ln_1)
     qkv = h @ block.attn.qkv_proj.weight.T + block.attn.qkv_proj.bias

@@ -48,7 +48,9 @@ def test_rope_matches_complex_rotation_reference():
     rope = RotaryEmbedding(head_dim=8, max_len=64)
     x = torch.randn(2, 3, 5, 8)
     positions = torch.tensor([[0, 1, 2, 3, 4], [0, 0, 7, 40, 63]])
-    torch.testing.assert_close(rope(x, positions).double(), _rope_reference(x, positions), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        rope(x, positions).double(), _rope_reference(x, positions), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_rope_scores_depend_only_on_relative_position():

@@ -40,7 +40,9 @@ def test_decay_applies_to_matrices_only():
     assert no_decay["weight_decay"] == 0.0 and "weight_decay" not in decay
     names = {id(p): n for n, p in model.named_parameters()}
     assert all(p.ndim >= 2 for p in decay["params"])
-    assert {names[id(p)] for p in no_decay["params"]} == {n for n, p in model.named_parameters() if p.ndim < 2}
+    assert {names[id(p)] for p in no_decay["params"]} == {
+        n for n, p in model.named_parameters() if p.ndim < 2
+    }
     skipped = decay_groups(model, skip={"weight"})  # timm-style names in no_weight_decay()
     assert not any(p.ndim >= 2 and names[id(p)].endswith("weight") for p in skipped[0]["params"])
 
@@ -97,11 +99,24 @@ def test_non_finite_loss_stops_before_the_update_and_writes_no_checkpoint(tmp_pa
         task.model.ln_f.weight.fill_(float("nan"))
     before = {k: v.clone() for k, v in task.model.state_dict().items()}
     checkpoint = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, save_last=True)
-    trainer = L.Trainer(max_steps=2, callbacks=[StopOnNonFiniteLoss(), checkpoint], logger=False,
-                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    trainer = L.Trainer(
+        max_steps=2,
+        callbacks=[StopOnNonFiniteLoss(), checkpoint],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     loader = torch.utils.data.DataLoader(_Batches(), batch_size=4)
     with pytest.raises(NonFiniteLossError, match="learning rate"):
         trainer.fit(task, train_dataloaders=loader)
     after = task.model.state_dict()
-    assert all(torch.equal(before[k], after[k], ) or torch.isnan(before[k]).any() for k in before)
+    assert all(
+        torch.equal(
+            before[k],
+            after[k],
+        )
+        or torch.isnan(before[k]).any()
+        for k in before
+    )
     assert not list(tmp_path.glob("*.ckpt"))

@@ -56,8 +56,17 @@ def test_tiny_run_logs_namespaced_metrics_checkpoints_and_samples(compose_cfg, t
     metrics = train(compose_cfg(*TINY_LM))
     rows = _metrics(tmp_path)
     logged = {k for row in rows for k, v in row.items() if v}
-    for key in ("train/loss", "train/grad_norm", "train/tokens_per_s", "train/lr/pg1", "val/loss", "val/ppl",
-                "val/loss_best", "test/loss", "test/ppl"):
+    for key in (
+        "train/loss",
+        "train/grad_norm",
+        "train/tokens_per_s",
+        "train/lr/pg1",
+        "val/loss",
+        "val/ppl",
+        "val/loss_best",
+        "test/loss",
+        "test/ppl",
+    ):
         assert key in logged, key
     # perplexity (torchmetrics, token-weighted) is exp of the mean token loss
     assert metrics["val/ppl"] == pytest.approx(torch.tensor(metrics["val/loss"]).exp().item(), rel=1e-3)
@@ -99,8 +108,14 @@ def test_init_from_loads_weights_and_the_child_no_longer_needs_the_parent(compos
     parent = parent_dir / "last.ckpt"
     parent_weights = torch.load(parent, weights_only=False)["state_dict"]
     # lr=0: the child trains without moving, so its weights must be exactly the parent's
-    child_cfg = compose_cfg(*TINY_LM, "test=false", "sample=null", f"init_from={parent}", "task.optimizer.lr=0",
-                            "task.optimizer.weight_decay=0")
+    child_cfg = compose_cfg(
+        *TINY_LM,
+        "test=false",
+        "sample=null",
+        f"init_from={parent}",
+        "task.optimizer.lr=0",
+        "task.optimizer.weight_decay=0",
+    )
     train(child_cfg)
     child = tmp_path / "checkpoints" / "last.ckpt"
     child_weights = torch.load(child, weights_only=False)["state_dict"]
@@ -122,8 +137,14 @@ def test_test_only_run_evaluates_the_given_checkpoint(compose_cfg, tmp_path):
 def test_ddp_cpu_two_processes_one_run_dir_all_loggers(tmp_path):
     run_dir = tmp_path / "run"
     result = train_cli(
-        *TINY_LM, "trainer=ddp_cpu", "logger=many", f"hydra.run.dir={run_dir}", f"paths.log_dir={tmp_path}",
-        f"paths.cache_dir={tmp_path / 'cache'}", "trainer.max_steps=3", "trainer.val_check_interval=3",
+        *TINY_LM,
+        "trainer=ddp_cpu",
+        "logger=many",
+        f"hydra.run.dir={run_dir}",
+        f"paths.log_dir={tmp_path}",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
         "data.batch_size=4",
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -183,8 +204,14 @@ def test_lit_train_prints_config_from_any_directory(tmp_path):
 def test_generate_command_continues_a_prompt(compose_cfg, tmp_path):
     train(compose_cfg(*TINY_LM, "test=false", "sample=null"))
     result = run_cli(
-        "python", "-m", "lit_transformers.generate", f"ckpt={tmp_path / 'checkpoints' / 'last.ckpt'}",
-        "prompt=The for", "max_new_tokens=5", cwd=REPO, timeout=120,
+        "python",
+        "-m",
+        "lit_transformers.generate",
+        f"ckpt={tmp_path / 'checkpoints' / 'last.ckpt'}",
+        "prompt=The for",
+        "max_new_tokens=5",
+        cwd=REPO,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "The for" in result.stdout
@@ -192,8 +219,15 @@ def test_generate_command_continues_a_prompt(compose_cfg, tmp_path):
 
 def test_multirun_gives_each_job_its_own_config_and_wandb_run(tmp_path):
     result = train_cli(
-        "-m", "seed=1,2", "logger=wandb", *TINY_LM, "trainer.max_steps=2", "test=false", "sample=null",
-        f"paths.log_dir={tmp_path}", f"paths.cache_dir={tmp_path / 'cache'}",
+        "-m",
+        "seed=1,2",
+        "logger=wandb",
+        *TINY_LM,
+        "trainer.max_steps=2",
+        "test=false",
+        "sample=null",
+        f"paths.log_dir={tmp_path}",
+        f"paths.cache_dir={tmp_path / 'cache'}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     jobs = sorted((tmp_path / "train" / "multiruns").glob("*/[01]"))

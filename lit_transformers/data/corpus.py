@@ -17,7 +17,9 @@ SOURCES = ("pydoc", "path", "hub")
 class CorpusSpec:
     """Where the text comes from; ``source`` picks one of the three loaders."""
 
-    source: str = "pydoc"  # pydoc: CPython's bundled reference docs | path: a .txt file or folder | hub: HF datasets
+    source: str = (
+        "pydoc"  # pydoc: CPython's bundled reference docs | path: a .txt file or folder | hub: HF datasets
+    )
     path: str | None = None  # file or folder, for source=path
     name: str | None = None  # dataset name or save_to_disk folder, for source=hub
     subset: str | None = None  # dataset configuration, e.g. wikitext-2-raw-v1 for name=wikitext
@@ -50,7 +52,9 @@ def _documents_from_path(path: str | None) -> list[Document]:
     if root.is_dir():
         files = sorted(root.rglob("*.txt"))
         if not files:
-            raise FileNotFoundError(f"No .txt files under {root}; set data.corpus.path to a folder with .txt files")
+            raise FileNotFoundError(
+                f"No .txt files under {root}; set data.corpus.path to a folder with .txt files"
+            )
         return [(str(f.relative_to(root)), f.read_text(encoding="utf-8", errors="replace")) for f in files]
     if root.is_file():
         # one file: its blank-line separated paragraphs are the documents of the split
@@ -62,7 +66,9 @@ def _documents_from_path(path: str | None) -> list[Document]:
 
 def _documents_from_hub(spec: CorpusSpec) -> list[Document]:
     if not spec.name:
-        raise ValueError("data.corpus.source=hub needs data.corpus.name=<dataset name or save_to_disk folder>")
+        raise ValueError(
+            "data.corpus.source=hub needs data.corpus.name=<dataset name or save_to_disk folder>"
+        )
     try:
         import datasets
     except ImportError as err:
@@ -106,5 +112,9 @@ def split_documents(
             f"Corpus has {len(docs)} documents, too few for val/test splits of {n_val}/{n_test}; "
             "add text or lower data.val_fraction/data.test_fraction"
         )
-    splits = {"val": ranked[:n_val], "test": ranked[n_val : n_val + n_test], "train": ranked[n_val + n_test :]}
+    splits = {
+        "val": ranked[:n_val],
+        "test": ranked[n_val : n_val + n_test],
+        "train": ranked[n_val + n_test :],
+    }
     return {name: sorted(split) for name, split in splits.items()}

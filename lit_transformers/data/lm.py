@@ -69,7 +69,12 @@ class CausalLMDataModule(L.LightningDataModule):
         tmp = self.tokenizer_path.with_suffix(f".tmp{os.getpid()}")
         tokenizer.save(tmp)
         tmp.replace(self.tokenizer_path)  # atomic: a concurrent reader never sees half a file
-        log.info("Trained %s tokenizer (%d tokens) -> %s", self.hparams.tokenizer, tokenizer.vocab_size, self.tokenizer_path)
+        log.info(
+            "Trained %s tokenizer (%d tokens) -> %s",
+            self.hparams.tokenizer,
+            tokenizer.vocab_size,
+            self.tokenizer_path,
+        )
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:

@@ -114,7 +114,11 @@ class GPT(nn.Module):
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
             x = block(
-                x, mask=mask, rotary=self.rotary, position_ids=position_ids, cache=caches[i] if caches else None
+                x,
+                mask=mask,
+                rotary=self.rotary,
+                position_ids=position_ids,
+                cache=caches[i] if caches else None,
             )
         return self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
 

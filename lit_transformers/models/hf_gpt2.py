@@ -63,9 +63,13 @@ def config_from_hf(hf: dict) -> GPTConfig:
     if activation not in HF_ACTIVATIONS:
         raise ValueError(f"Unsupported GPT-2 activation {activation!r}; supported: {sorted(HF_ACTIVATIONS)}")
     if not hf.get("scale_attn_weights", True) or hf.get("add_cross_attention"):
-        raise ValueError("GPT-2 variants without scale_attn_weights or with add_cross_attention are not supported")
+        raise ValueError(
+            "GPT-2 variants without scale_attn_weights or with add_cross_attention are not supported"
+        )
     if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn"):
-        raise ValueError("GPT-2 variants with scale_attn_by_inverse_layer_idx/reorder_and_upcast_attn are not supported")
+        raise ValueError(
+            "GPT-2 variants with scale_attn_by_inverse_layer_idx/reorder_and_upcast_attn are not supported"
+        )
     return GPTConfig(
         vocab_size=hf["vocab_size"],
         block_size=hf["n_positions"],

@@ -13,7 +13,9 @@ import torch
 from torch import nn
 
 
-def left_pad(sequences: Sequence[Sequence[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(
+    sequences: Sequence[Sequence[int]], pad_id: int, device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch prompts of different lengths: (B, T) ids padded on the left, and (B, T) bool of real tokens."""
     if not sequences or any(len(s) == 0 for s in sequences):
         raise ValueError("Every prompt needs at least one token (prepend BOS to an empty prompt)")
@@ -30,7 +32,10 @@ def _attention_mask(key_valid: torch.Tensor, t_q: int) -> torch.Tensor:
     """(B, 1, T_q, T_k): real keys, plus each query's own position so that a padding query never
     faces an all-masked row (which makes SDPA return NaN, and 0 * NaN poisons later layers)."""
     t_k = key_valid.size(1)
-    own = torch.arange(t_k, device=key_valid.device) == (t_k - t_q + torch.arange(t_q, device=key_valid.device))[:, None]
+    own = (
+        torch.arange(t_k, device=key_valid.device)
+        == (t_k - t_q + torch.arange(t_q, device=key_valid.device))[:, None]
+    )
     return key_valid[:, None, None, :] | own
 
 
@@ -84,9 +89,13 @@ def generate(
     # outside it so callers (PPO rollouts) can feed it to a training forward pass
     with torch.inference_mode():
         B, T = input_ids.shape
-        valid = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        valid = (
+            torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        )
         padded = not bool(valid.all())
-        positions = (valid.long().cumsum(dim=-1) - 1).clamp(min=0)  # left padding: first real token is position 0
+        positions = (valid.long().cumsum(dim=-1) - 1).clamp(
+            min=0
+        )  # left padding: first real token is position 0
         caches = None
         if use_cache:
             dtype = next(model.parameters()).dtype
@@ -108,5 +117,7 @@ def generate(
                 finished |= next_token == eos_id
                 if bool(finished.all()):
                     break
-            step_ids, step_pos = (next_token[:, None], positions[:, -1:]) if use_cache else (tokens, positions)
+            step_ids, step_pos = (
+                (next_token[:, None], positions[:, -1:]) if use_cache else (tokens, positions)
+            )
     return tokens.clone()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from pathlib import Path
 
 import lightning as L
 import torch
 from torch import nn
+from torchmetrics import Metric
 
 from lit_transformers.data.tokenizer import Tokenizer
 from lit_transformers.tasks.optim import decay_groups
@@ -26,8 +28,11 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
-    mismatched = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
-                  for k, v in own.items() if k in state and state[k].shape != v.shape]
+    mismatched = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in state and state[k].shape != v.shape
+    ]
     if missing or unexpected or mismatched:
         raise ValueError(
             f"init_from={path} does not fit the model.\n  missing keys: {missing}\n  unexpected keys: {unexpected}\n"
@@ -53,6 +58,23 @@ class Task(L.LightningModule):
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError
+
+    def fit_config_to_tokenizer(self, **fields) -> None:
+        """Take the datamodule's tokenizer (when training with one) and write ``fields(tokenizer)`` into the
+        model config, so the checkpoint records the vocabulary the model was built for."""
+        datamodule = self._trainer.datamodule if self._trainer is not None else None
+        if getattr(datamodule, "tokenizer", None) is None:
+            return
+        self.tokenizer = datamodule.tokenizer
+        values = {name: get(self.tokenizer) for name, get in fields.items()}
+        self.hparams.model = dataclasses.replace(self.hparams.model, **values)
+
+    def log_best(self, key: str, tracker: Metric) -> None:
+        """At validation end, feed ``key`` to a Min/MaxMetric and log the best so far as ``<key>_best``."""
+        value = self.trainer.callback_metrics.get(key)
+        if value is not None and not self.trainer.sanity_checking:
+            tracker(value)
+            self.log(f"{key}_best", tracker.compute(), sync_dist=True)
 
     def configure_model(self) -> None:
         if self.model is not None:
@@ -90,8 +112,14 @@ class Task(L.LightningModule):
 
     def on_fit_start(self) -> None:
         checkpoints = self.trainer.checkpoint_callback
-        if self.tokenizer is not None and self.trainer.is_global_zero and getattr(checkpoints, "dirpath", None):
-            self.tokenizer.save(Path(checkpoints.dirpath) / "tokenizer.json")  # for tools outside this package
+        if (
+            self.tokenizer is not None
+            and self.trainer.is_global_zero
+            and getattr(checkpoints, "dirpath", None)
+        ):
+            self.tokenizer.save(
+                Path(checkpoints.dirpath) / "tokenizer.json"
+            )  # for tools outside this package
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.tokenizer is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from functools import partial
 
 import torch
@@ -34,22 +33,17 @@ class CausalLMTask(Task):
         self.val_loss_best.persistent(True)  # saved in checkpoints: the best survives a resume
 
     def build_model(self) -> GPT:
-        config: GPTConfig = self.hparams.model
-        datamodule = self._trainer.datamodule if self._trainer is not None else None
-        if datamodule is not None and getattr(datamodule, "tokenizer", None) is not None:
-            self.tokenizer = datamodule.tokenizer
-            if config.vocab_size != self.tokenizer.vocab_size:
-                # the vocabulary is whatever the tokenizer ended up with; checkpoints record it for reloading
-                config = dataclasses.replace(config, vocab_size=self.tokenizer.vocab_size)
-                self.hparams.model = config
-        return GPT(config)
+        self.fit_config_to_tokenizer(vocab_size=lambda tok: tok.vocab_size)
+        return GPT(self.hparams.model)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids)
 
     def _step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.model(batch["input_ids"])  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE_INDEX)
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE_INDEX
+        )
         return loss, logits
 
     def training_step(self, batch, batch_idx):
@@ -64,10 +58,7 @@ class CausalLMTask(Task):
         self.log("val/ppl", self.val_ppl, on_epoch=True, prog_bar=True)
 
     def on_validation_epoch_end(self):
-        loss = self.trainer.callback_metrics.get("val/loss")
-        if loss is not None and not self.trainer.sanity_checking:
-            self.val_loss_best(loss)
-            self.log("val/loss_best", self.val_loss_best.compute(), sync_dist=True)
+        self.log_best("val/loss", self.val_loss_best)
 
     def test_step(self, batch, batch_idx):
         loss, logits = self._step(batch)
@@ -87,7 +78,9 @@ class CausalLMTask(Task):
     ) -> list[str]:
         """Continue each prompt; returns only the generated text."""
         if self.tokenizer is None:
-            raise RuntimeError("No tokenizer attached: load the task from a checkpoint or train it with a datamodule")
+            raise RuntimeError(
+                "No tokenizer attached: load the task from a checkpoint or train it with a datamodule"
+            )
         tok = self.tokenizer
         ids, valid = left_pad([[tok.bos_id, *tok.encode(p)] for p in prompts], tok.pad_id, device=self.device)
         max_new_tokens = min(max_new_tokens, self.model.config.block_size - ids.size(1))
@@ -95,8 +88,16 @@ class CausalLMTask(Task):
         was_training = self.model.training
         self.model.eval()
         out = generate(
-            self.model, ids, valid, max_new_tokens, temperature, top_k, top_p,
-            eos_id=tok.eos_id, pad_id=tok.pad_id, generator=generator,
+            self.model,
+            ids,
+            valid,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            eos_id=tok.eos_id,
+            pad_id=tok.pad_id,
+            generator=generator,
         )
         self.model.train(was_training)
-        return [tok.decode(row[ids.size(1):].tolist()) for row in out]
+        return [tok.decode(row[ids.size(1) :].tolist()) for row in out]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from functools import partial
@@ -92,14 +91,8 @@ class ContrastiveTask(Task):
         self._similarity: torch.Tensor | None = None
 
     def build_model(self) -> CLIP:
-        config: CLIPConfig = self.hparams.model
-        datamodule = self._trainer.datamodule if self._trainer is not None else None
-        if getattr(datamodule, "tokenizer", None) is not None:
-            self.tokenizer = tok = datamodule.tokenizer
-            # the text tower fits the tokenizer; the checkpoint records the result for reloading
-            config = dataclasses.replace(config, vocab_size=tok.vocab_size, eos_id=tok.eos_id)
-            self.hparams.model = config
-        return CLIP(config)
+        self.fit_config_to_tokenizer(vocab_size=lambda tok: tok.vocab_size, eos_id=lambda tok: tok.eos_id)
+        return CLIP(self.hparams.model)
 
     def forward(self, images: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model(images, input_ids)

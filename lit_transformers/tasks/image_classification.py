@@ -104,10 +104,7 @@ class ImageClassificationTask(Task):
         self._eval_step(batch, self.val_metrics)
 
     def on_validation_epoch_end(self):
-        acc = self.trainer.callback_metrics.get("val/acc")
-        if acc is not None and not self.trainer.sanity_checking:
-            self.val_acc_best(acc)
-            self.log("val/acc_best", self.val_acc_best.compute(), sync_dist=True)
+        self.log_best("val/acc", self.val_acc_best)
 
     def test_step(self, batch, batch_idx):
         logits, labels = self._eval_step(batch, self.test_metrics)

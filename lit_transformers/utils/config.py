@@ -22,7 +22,9 @@ def check_required(cfg: DictConfig) -> None:
     missing = OmegaConf.missing_keys(cfg)
     if missing:
         keys = ", ".join(sorted(missing))
-        raise ConfigError(f"Missing required value(s): {keys}. Set them on the command line, e.g. {sorted(missing)[0]}=...")
+        raise ConfigError(
+            f"Missing required value(s): {keys}. Set them on the command line, e.g. {sorted(missing)[0]}=..."
+        )
 
 
 # the run flags train.yaml owns; groups are checked against the signatures of their _target_s
@@ -31,7 +33,11 @@ TOP_LEVEL_TYPES = {"seed": int, "train": bool, "test": bool, "compile": bool}
 
 def _numeric_only(annotation) -> bool:
     """True when an annotation admits only plain classes and none of them is str (or a str parent)."""
-    args = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else (annotation,)
+    args = (
+        typing.get_args(annotation)
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+        else (annotation,)
+    )
     classes = [typing.get_origin(a) or a for a in args]
     return all(isinstance(c, type) for c in classes) and not any(issubclass(str, c) for c in classes)
 
@@ -60,7 +66,9 @@ def check_types(cfg: DictConfig, path: str = "") -> None:
     if not path:
         for key, expected in TOP_LEVEL_TYPES.items():
             value = cfg.get(key)
-            if value is not None and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
+            if value is not None and (
+                not isinstance(value, expected) or (expected is int and isinstance(value, bool))
+            ):
                 raise ConfigError(f"{key}={value!r} has the wrong type: expected {expected.__name__}")
     for key, node in cfg.items_ex(resolve=False) if isinstance(cfg, DictConfig) else []:
         if not isinstance(node, DictConfig):
@@ -73,7 +81,11 @@ def check_types(cfg: DictConfig, path: str = "") -> None:
             except Exception as err:  # noqa: BLE001 - hydra raises several types for a bad path
                 raise ConfigError(f"{full_key}._target_={target!r} cannot be imported: {err}") from err
             if dataclasses.is_dataclass(obj):
-                values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if not k.startswith("_")}
+                values = {
+                    k: v
+                    for k, v in OmegaConf.to_container(node, resolve=True).items()
+                    if not k.startswith("_")
+                }
                 try:
                     OmegaConf.merge(OmegaConf.structured(obj), values)
                 except Exception as err:  # noqa: BLE001 - omegaconf validation errors

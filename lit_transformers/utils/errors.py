@@ -31,5 +31,8 @@ def report_user_errors():
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         message = str(err).strip() or type(err).__name__
-        print(f"Error ({type(err).__name__}): {message}\n(set HYDRA_FULL_ERROR=1 for the full traceback)", file=sys.stderr)
+        print(
+            f"Error ({type(err).__name__}): {message}\n(set HYDRA_FULL_ERROR=1 for the full traceback)",
+            file=sys.stderr,
+        )
         sys.exit(1)
