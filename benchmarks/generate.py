@@ -16,17 +16,15 @@ import time
 
 import torch
 
-from lit_transformers.models import GPT, GPTConfig
+from lit_transformers.models import GPT
 from lit_transformers.nn import generate
+
+from gpt_pair import add_model_args, same_weight_pair
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--n-layer", type=int, default=6)
-    p.add_argument("--d-model", type=int, default=384)
-    p.add_argument("--n-head", type=int, default=6)
-    p.add_argument("--vocab-size", type=int, default=8192)
-    p.add_argument("--block-size", type=int, default=512, help="must hold prompt + new tokens")
+    add_model_args(p, block_size=512, block_size_help="must hold prompt + new tokens")
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument(
@@ -44,7 +42,6 @@ def parse_args() -> argparse.Namespace:
         default=[16, 64, 128, 256, 384, 496],
         help="sequence lengths for the per-token table",
     )
-    p.add_argument("--threads", type=int, default=None)
     return p.parse_args()
 
 
@@ -76,21 +73,10 @@ def per_token_ms(model: GPT, length: int, cached: bool, n: int = 5) -> float:
 
 def main() -> None:
     args = parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.prompt_len + args.new_tokens > args.block_size:
         raise SystemExit(f"--prompt-len + --new-tokens must fit --block-size {args.block_size}")
-    torch.manual_seed(0)
-    config = GPTConfig(
-        vocab_size=args.vocab_size,
-        block_size=args.block_size,
-        n_layer=args.n_layer,
-        n_head=args.n_head,
-        d_model=args.d_model,
-        dropout=0.0,
-    )
-    ours = GPT(config).eval()
-    hf = ours.to_hf().eval()
+    ours, hf = same_weight_pair(args)
+    ours, hf = ours.eval(), hf.eval()
     prompt = torch.randint(
         0, args.vocab_size, (args.batch_size, args.prompt_len), generator=torch.Generator().manual_seed(1)
     )

@@ -19,16 +19,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from lit_transformers.models import GPT, GPTConfig
+from gpt_pair import add_model_args, same_weight_pair
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--n-layer", type=int, default=6)
-    p.add_argument("--d-model", type=int, default=384)
-    p.add_argument("--n-head", type=int, default=6)
-    p.add_argument("--block-size", type=int, default=256, help="context length of every training sequence")
-    p.add_argument("--vocab-size", type=int, default=8192)
+    add_model_args(p, block_size=256, block_size_help="context length of every training sequence")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per run")
     p.add_argument("--repeats", type=int, default=5, help="alternating (ours, HF) run pairs")
@@ -40,9 +36,6 @@ def parse_args() -> argparse.Namespace:
         choices=["both", "ours"],
         default=None,
         help="torch.compile both models (default when given) or only ours (task.compile=true) vs eager HF",
-    )
-    p.add_argument(
-        "--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)"
     )
     return p.parse_args()
 
@@ -80,19 +73,8 @@ def timed(step, batches) -> float:
 
 def main() -> None:
     args = parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    config = GPTConfig(
-        vocab_size=args.vocab_size,
-        block_size=args.block_size,
-        n_layer=args.n_layer,
-        n_head=args.n_head,
-        d_model=args.d_model,
-        dropout=0.0,
-    )
-    ours = GPT(config).train()
-    hf = ours.to_hf().train()  # same weights, GPT-2's own layout (Conv1D, gelu_new, its attention path)
+    ours, hf = same_weight_pair(args)
+    ours, hf = ours.train(), hf.train()
     models = {
         "ours": (ours, lambda m, x: m(x)),
         "hf": (hf, lambda m, x: m(input_ids=x, use_cache=False).logits),

@@ -1,0 +1,37 @@
+"""What the GPT benchmarks share: model-size flags, and our GPT plus HF GPT-2 holding the same weights."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from lit_transformers.models import GPT, GPTConfig
+
+
+def add_model_args(p: argparse.ArgumentParser, block_size: int, block_size_help: str) -> None:
+    p.add_argument("--n-layer", type=int, default=6)
+    p.add_argument("--d-model", type=int, default=384)
+    p.add_argument("--n-head", type=int, default=6)
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--block-size", type=int, default=block_size, help=block_size_help)
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)"
+    )
+
+
+def same_weight_pair(args: argparse.Namespace) -> tuple[GPT, torch.nn.Module]:
+    """Ours and ``transformers.GPT2LMHeadModel`` exported from it (Conv1D, gelu_new, HF's attention path)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    config = GPTConfig(
+        vocab_size=args.vocab_size,
+        block_size=args.block_size,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        d_model=args.d_model,
+        dropout=0.0,
+    )
+    ours = GPT(config)
+    return ours, ours.to_hf()
