@@ -42,8 +42,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     callbacks = instantiate_group(cfg.get("callbacks"), "callbacks")
     loggers = instantiate_group(cfg.get("logger"), "logger")
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    hyperparameters = OmegaConf.to_container(cfg, resolve=True)
     for logger in loggers:
-        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+        logger.log_hyperparams(hyperparameters)
 
     try:
         if cfg.train:

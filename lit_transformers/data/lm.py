@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from functools import cached_property
 from pathlib import Path
 
 import lightning as L
@@ -50,13 +51,15 @@ class CausalLMDataModule(L.LightningDataModule):
         self.tokenizer: Tokenizer | None = None
         self.datasets: dict[str, TokenWindows] = {}
 
-    @property
-    def tokenizer_path(self) -> Path:
+    @cached_property
+    def tokenizer_path(self) -> Path:  # cached: the fingerprint stats every file of a path corpus
         h = self.hparams
         key = f"{fingerprint(self.corpus)}-{h.tokenizer}-{h.vocab_size}-{h.val_fraction}-{h.test_fraction}-{h.seed}"
         return Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / f"{key}.json"
 
-    def _splits(self):
+    @cached_property
+    def splits(self) -> dict[str, list[tuple[str, str]]]:
+        """Documents per split, loaded once even when prepare_data and setup run in the same process."""
         h = self.hparams
         return split_documents(load_documents(self.corpus), h.val_fraction, h.test_fraction, h.seed)
 
@@ -64,7 +67,7 @@ class CausalLMDataModule(L.LightningDataModule):
         """Train the tokenizer on the training split once (rank 0); every rank loads it in ``setup``."""
         if self.tokenizer_path.exists():
             return
-        texts = [text for _, text in self._splits()["train"]]
+        texts = [text for _, text in self.splits["train"]]
         tokenizer = Tokenizer.train(texts, self.hparams.tokenizer, self.hparams.vocab_size)
         tmp = self.tokenizer_path.with_suffix(f".tmp{os.getpid()}")
         tokenizer.save(tmp)
@@ -82,13 +85,12 @@ class CausalLMDataModule(L.LightningDataModule):
         if not self.tokenizer_path.exists():
             self.prepare_data()  # used outside a Trainer (scripts, notebooks)
         self.tokenizer = Tokenizer.from_file(self.tokenizer_path)
-        block_size = self.hparams.block_size
-        for name, docs in self._splits().items():
+        block_size, tok = self.hparams.block_size, self.tokenizer
+        for name, docs in self.splits.items():
             if not docs:
                 raise ValueError(
                     f"The {name} split has no documents; raise data.val_fraction/data.test_fraction above 0"
                 )
-            tok = self.tokenizer
             # BOS ... EOS around each document: generation starts prompts with BOS, so the model must see it
             encoded = tok.encode_batch([text for _, text in docs])
             ids = [i for doc in encoded for i in (tok.bos_id, *doc, tok.eos_id)]
@@ -98,6 +100,7 @@ class CausalLMDataModule(L.LightningDataModule):
                     f"The {name} split has {len(ids)} tokens, fewer than block_size + 1 = {block_size + 1}; "
                     "add text or lower model.block_size"
                 )
+        del self.splits  # the raw text is encoded; keep only the token windows in memory
         log.info("Token windows: %s", {name: len(ds) for name, ds in self.datasets.items()})
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
