@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from functools import partial
 
 import lightning as L
 import torch
@@ -105,8 +104,8 @@ def ours(args) -> float:
     torch.manual_seed(0)
     task = ImageClassificationTask(
         model={"backbone": backbone(args)},
-        optimizer=partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05),
-        scheduler=partial(warmup_cosine, warmup_steps=10),
+        optimizer={"_target_": "torch.optim.AdamW", "lr": 1e-3, "weight_decay": 0.05},
+        scheduler={"_target_": "lit_transformers.tasks.warmup_cosine", "warmup_steps": 10},
         label_smoothing=0.1,
     )
     timer = Timer(args.warmup)

@@ -21,7 +21,7 @@ def continuations(cfg: DictConfig) -> list[tuple[str, str]]:
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={cfg.device} but no CUDA GPU is visible; use device=cpu")
     try:
-        task = CausalLMTask.load_from_checkpoint(cfg.ckpt, map_location=cfg.device, weights_only=False)
+        task = CausalLMTask.load_from_checkpoint(cfg.ckpt, map_location=cfg.device, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, KeyError, TypeError) as err:
         raise ValueError(
             f"ckpt={cfg.ckpt} is not a causal-LM checkpoint written by train.py ({err})"

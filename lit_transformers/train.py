@@ -32,13 +32,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
             raise FileNotFoundError(f"{key}={cfg[key]} not found; pass the path of a .ckpt file")
 
     datamodule: L.LightningDataModule = instantiate(cfg.data, _convert_="all")
-    task: L.LightningModule = instantiate(
-        cfg.task,
-        model=instantiate(cfg.model),
-        init_from=cfg.init_from,
-        compile=cfg.compile,
-        _convert_="object",
-    )
+    # the task builds its models, optimizer and schedule from its plain config (kept as its hyperparameters)
+    task: L.LightningModule = instantiate(cfg.task, _recursive_=False, _convert_="all")
     callbacks = instantiate_group(cfg.get("callbacks"), "callbacks")
     loggers = instantiate_group(cfg.get("logger"), "logger")
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
@@ -48,8 +43,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     try:
         if cfg.train:
-            # hparams hold the config objects (GPTConfig, optimizer partials), so checkpoints are full pickles
-            trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=False)
+            # hyperparameters are plain data, so checkpoints load without unpickling arbitrary objects
+            trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         if cfg.test:
             best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
@@ -58,7 +53,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 log.warning(
                     "No checkpoint to test (fast_dev_run, or train=false without ckpt_path): testing the current weights"
                 )
-            trainer.test(task, datamodule=datamodule, ckpt_path=weights or None, weights_only=False)
+            trainer.test(task, datamodule=datamodule, ckpt_path=weights or None, weights_only=True)
             metrics |= {k: float(v) for k, v in trainer.callback_metrics.items()}
         if cfg.get("sample") and hasattr(task, "sample"):
             # every rank generates (an FSDP forward needs them all); rank 0 prints

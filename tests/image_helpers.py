@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import pickle
 import struct
-from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -104,7 +103,7 @@ def tiny_clip_task(init_logit_scale: float = math.log(1 / 0.07), **task_kwargs) 
         text_heads=2,
         init_logit_scale=init_logit_scale,
     )
-    task_kwargs.setdefault("optimizer", partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.1))
+    task_kwargs.setdefault("optimizer", {"_target_": "torch.optim.AdamW", "lr": 1e-3, "weight_decay": 0.1})
     return ContrastiveTask(model=config, **task_kwargs)
 
 

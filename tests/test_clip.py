@@ -8,7 +8,6 @@ import math
 import os
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -18,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.retrieval import RetrievalHitRate
 
-from lit_transformers.data import CaptionDataModule, Tokenizer
-from lit_transformers.tasks import ClipLoss
+from lit_transformers.data import CaptionDataModule
+from lit_transformers.nn import ClipLoss
 from lit_transformers.tasks.evaluation import recall_at_k, zero_shot_classifier
 
 from image_helpers import FixedBatches, fixed_caption_batch, run_experiment, tiny_clip_task, write_caption_csv
@@ -110,7 +109,7 @@ def _logit_scale_after_one_step(max_logit_scale: float) -> float:
     task = tiny_clip_task(
         init_logit_scale=math.log(100) - 0.01,
         max_logit_scale=max_logit_scale,
-        optimizer=partial(torch.optim.AdamW, lr=0.5),
+        optimizer={"_target_": "torch.optim.AdamW", "lr": 0.5},
     )
 
     class PushUp(L.Callback):  # a gradient that asks for a larger scale; Adam then moves it by ~lr
@@ -269,12 +268,12 @@ def test_digit_captions_test_prompts_are_unseen_and_tokenizer_travels_in_the_che
     for text, row in zip(test_texts, relevant):  # a class's text describes exactly that class's images
         assert row.tolist() == (labels == datamodule.class_names.index(text.split()[-1])).tolist()
 
-    task, checkpoint = tiny_clip_task(), {}
-    task.tokenizer = datamodule.tokenizer
-    task.on_save_checkpoint(checkpoint)
-    reloaded = tiny_clip_task()
-    reloaded.on_load_checkpoint(checkpoint)
-    assert isinstance(reloaded.tokenizer, Tokenizer)
+    task = tiny_clip_task()
+    task.tokenizer, task.hparams.tokenizer = (
+        datamodule.tokenizer,
+        datamodule.tokenizer.state(),
+    )  # as in training
+    reloaded = tiny_clip_task(tokenizer=task.hparams.tokenizer)  # as load_from_checkpoint does
     assert reloaded.tokenizer.encode("a scanned numeral seven") == datamodule.tokenizer.encode(
         "a scanned numeral seven"
     )

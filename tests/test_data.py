@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_transformers.data import CausalLMDataModule, CorpusSpec, Tokenizer, load_documents, split_documents
+from lit_transformers.data import CausalLMDataModule, CorpusSpec, load_documents, split_documents
+from lit_transformers.text import Tokenizer
 
 
 def test_pydoc_corpus_is_real_prose_available_offline():
@@ -46,7 +47,7 @@ def test_tokenizer_round_trips_and_keeps_special_ids_distinct(kind, tmp_path):
     tok.save(tmp_path / "tok.json")
     reloaded = Tokenizer.from_file(tmp_path / "tok.json")
     assert reloaded.encode(sample) == tok.encode(sample)
-    assert Tokenizer.from_str(tok.to_str()).vocab_size == tok.vocab_size
+    assert Tokenizer.from_state(tok.state()) == tok
     assert tok.decode([*tok.encode("def"), tok.eos_id, tok.pad_id, tok.pad_id]) == "def"
 
 
@@ -115,7 +116,7 @@ def _datamodule(tmp_path, **kwargs) -> CausalLMDataModule:
 def test_datamodule_windows_are_next_token_pairs_and_tokenizer_is_cached(tmp_path):
     dm = _datamodule(tmp_path)
     dm.prepare_data()
-    cached = dm.tokenizer_path
+    cached = dm.tokenizer_cache
     mtime = cached.stat().st_mtime_ns
     dm.prepare_data()  # second call reuses the cache (what DDP ranks and reruns do)
     assert cached.stat().st_mtime_ns == mtime

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from lit_transformers.models import GPT, GPTConfig
-from lit_transformers.nn import generate, left_pad, sample_next
+from lit_transformers.nn import generate, sample_next
+from lit_transformers.text import left_pad
 
 transformers = pytest.importorskip("transformers")
 V, PAD, EOS = 61, 0, 1

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lit_transformers.models import GPT, GPTConfig
-from lit_transformers.nn import left_pad
+from lit_transformers.text import left_pad
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,6 +11,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from lit_transformers.tasks import CausalLMTask
+from lit_transformers.text import Tokenizer
 from lit_transformers.train import train
 from lit_transformers.utils.config import ConfigError, check_required, check_types, instantiate_group
 
@@ -40,7 +41,7 @@ def test_every_experiment_composes_and_instantiates(compose_cfg, experiment):
             check_required(cfg)
         return
     instantiate(cfg.data, _convert_="all")
-    instantiate(cfg.task, model=instantiate(cfg.model), _convert_="object")
+    instantiate(cfg.task, _recursive_=False, _convert_="all")
     instantiate_group(cfg.callbacks, "callbacks")
     instantiate_group(cfg.logger, "logger")
 
@@ -71,10 +72,11 @@ def test_tiny_run_logs_namespaced_metrics_checkpoints_and_samples(compose_cfg, t
     # perplexity (torchmetrics, token-weighted) is exp of the mean token loss
     assert metrics["val/ppl"] == pytest.approx(torch.tensor(metrics["val/loss"]).exp().item(), rel=1e-3)
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
-    assert "step 2" in (tmp_path / "csv" / "samples.txt").read_text()
+    assert "\n2," in (tmp_path / "csv" / "val_samples.csv").read_text()  # the table of step 2
     assert "--- sample ---" in capsys.readouterr().out
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
-    assert "tokenizer" in ckpt and ckpt["hyper_parameters"]["model"].vocab_size == 300
+    assert ckpt["state_dict"]["model.tok_emb.weight"].shape[0] == 300  # the model takes the tokenizer's size
+    assert Tokenizer.from_state(ckpt["hyper_parameters"]["tokenizer"]).vocab_size == 300
 
 
 def test_resume_continues_step_optimizer_and_schedule(compose_cfg, tmp_path):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import lightning as L
 import numpy as np
 import pytest
@@ -57,8 +55,12 @@ def test_vit_patch_tokens_match_hw_over_p_squared(img_size, patch_size, class_to
 def _task(layer_decay=None, weight_decay=0.05, lr=1e-3) -> ImageClassificationTask:
     return ImageClassificationTask(
         model={"backbone": TINY_VIT},
-        optimizer=partial(torch.optim.AdamW, lr=lr, weight_decay=weight_decay),
-        scheduler=partial(warmup_cosine, warmup_steps=2, min_lr_ratio=0.1),
+        optimizer={"_target_": "torch.optim.AdamW", "lr": lr, "weight_decay": weight_decay},
+        scheduler={
+            "_target_": "lit_transformers.tasks.warmup_cosine",
+            "warmup_steps": 2,
+            "min_lr_ratio": 0.1,
+        },
         layer_decay=layer_decay,
         class_names=[str(i) for i in range(10)],
     )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import lightning as L
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+
+from lit_transformers.utils.dashboards import log_table
 
 log = logging.getLogger(__name__)
 
@@ -27,18 +27,8 @@ class TextSamples(L.Callback):
         )
         if not trainer.is_global_zero:
             return
-        step = trainer.global_step
         rows = list(zip(self.prompts, texts))
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                logger.log_text(
-                    "val/samples", columns=["prompt", "continuation"], data=[list(r) for r in rows], step=step
-                )
-            elif isinstance(logger, TensorBoardLogger):
-                markdown = "\n\n".join(f"**{p}**{t}" for p, t in rows)
-                logger.experiment.add_text("val/samples", markdown, global_step=step)
-            elif isinstance(logger, CSVLogger):
-                os.makedirs(logger.log_dir, exist_ok=True)
-                with open(f"{logger.log_dir}/samples.txt", "a", encoding="utf-8") as f:
-                    f.writelines(f"[step {step}] {p!r} -> {t!r}\n" for p, t in rows)
-        log.info("Samples at step %d:\n%s", step, "\n".join(f"  {p!r} -> {t!r}" for p, t in rows))
+        log_table(trainer, "val/samples", ["prompt", "continuation"], rows)
+        log.info(
+            "Samples at step %d:\n%s", trainer.global_step, "\n".join(f"  {p!r} -> {t!r}" for p, t in rows)
+        )

@@ -1,10 +1,9 @@
-"""LightningDataModules, tokenizers and corpora."""
+"""LightningDataModules and corpora (tokenizers, padding and splits live in ``lit_transformers.text``)."""
 
-from lit_transformers.data.captions import CaptionDataModule, read_caption_table, tokenize
+from lit_transformers.data.captions import CaptionDataModule, read_caption_table
 from lit_transformers.data.corpus import CorpusSpec, load_documents, split_documents
 from lit_transformers.data.images import ImageClassificationDataModule, build_transform, load_image_splits
 from lit_transformers.data.lm import CausalLMDataModule, TokenWindows
-from lit_transformers.data.tokenizer import Tokenizer
 
 __all__ = [
     "CaptionDataModule",
@@ -12,11 +11,9 @@ __all__ = [
     "CorpusSpec",
     "ImageClassificationDataModule",
     "TokenWindows",
-    "Tokenizer",
     "build_transform",
     "load_documents",
     "load_image_splits",
     "read_caption_table",
     "split_documents",
-    "tokenize",
 ]

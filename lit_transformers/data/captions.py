@@ -1,34 +1,28 @@
 """Image-caption pairs for CLIP: digits with templated captions, or a CSV/JSONL of ``image, caption`` rows.
 
 Rows that share an image path are one image with several captions: training draws one at random, and
-retrieval counts any of them as a hit. Captions are tokenized by a BPE tokenizer trained on the train split.
+retrieval counts any of them as a hit. Captions are tokenized by a BPE tokenizer trained on the train split
+(cached like the LM's), or by ``tokenizer_path`` (a tokenizer.json or a parent checkpoint).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import os
 import random
 from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 
 import lightning as L
-import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from lit_transformers.data.images import Transformed, build_transform, load_image_splits, make_loader
-from lit_transformers.data.tokenizer import Tokenizer
-
-
-def tokenize(tokenizer: Tokenizer, texts: Sequence[str], context_length: int) -> torch.Tensor:
-    """(N, context_length) ids: caption tokens (at most context_length - 1), EOS, then padding."""
-    ids = torch.full((len(texts), context_length), tokenizer.pad_id, dtype=torch.long)
-    for row, tokens in enumerate(tokenizer.encode_batch(texts)):
-        tokens = [*tokens[: context_length - 1], tokenizer.eos_id]
-        ids[row, : len(tokens)] = torch.tensor(tokens)
-    return ids
+from lit_transformers.text import Tokenizer, eos_terminated, split_by_fractions
 
 
 def read_caption_table(
@@ -109,7 +103,8 @@ class CaptionDataset(Dataset):
         image, label = self.images[i]
         options = self.captions[i]
         caption = random.choice(options) if self.train else options[i % len(options)]
-        ids = tokenize(self.tokenizer, [caption], self.context_length)[0]
+        tok = self.tokenizer
+        ids = eos_terminated([tok.encode(caption)], tok.eos_id, tok.pad_id, self.context_length)[0]
         return {"image": image, "input_ids": ids, "image_index": i, "label": label}
 
 
@@ -124,6 +119,7 @@ class CaptionDataModule(L.LightningDataModule):
         train_templates: Sequence[str] = (),
         test_templates: Sequence[str] = (),
         vocab_size: int = 512,
+        tokenizer_path: str | None = None,
         context_length: int = 16,
         img_size: int = 8,
         in_chans: int = 1,
@@ -135,6 +131,7 @@ class CaptionDataModule(L.LightningDataModule):
         test_fraction: float = 0.2,
         num_workers: int = 0,
         seed: int = 0,
+        cache_dir: str = "~/.cache/lit_transformers",
     ):
         super().__init__()
         self.save_hyperparameters()
@@ -167,33 +164,39 @@ class CaptionDataModule(L.LightningDataModule):
             raise ValueError("data.path is required for source=table; set data.path=<.csv or .jsonl>")
         table = read_caption_table(h.path, h.image_key, h.caption_key, h.image_root)
         paths = list(table)
-        order = np.random.default_rng(h.seed).permutation(len(paths)).tolist()
-        n_val, n_test = round(len(paths) * h.val_fraction), round(len(paths) * h.test_fraction)
-        parts = {
-            "val": order[:n_val],
-            "test": order[n_val : n_val + n_test],
-            "train": order[n_val + n_test :],
-        }
-        empty = [name for name, idx in parts.items() if not idx]
-        if empty:
-            raise ValueError(
-                f"{h.path} has {len(paths)} images, too few for a non-empty {empty} split; "
-                "add images or change data.val_fraction/test_fraction"
-            )
+        parts = split_by_fractions([str(p) for p in paths], h.val_fraction, h.test_fraction, h.seed, "images")
         splits = {name: ImageFiles([paths[i] for i in idx]) for name, idx in parts.items()}
         return splits, {name: [table[paths[i]] for i in idx] for name, idx in parts.items()}
+
+    @cached_property
+    def _splits(self) -> tuple[dict[str, Dataset], dict[str, list[list[str]]]]:
+        """Untransformed images and their captions per split, computed once per process."""
+        h = self.hparams
+        if h.source not in ("digits", "table"):
+            raise ValueError(f"Unknown caption source {h.source!r}; choose digits or table (CSV/JSONL)")
+        return self._digits() if h.source == "digits" else self._table()
+
+    def load_tokenizer(self) -> Tokenizer:
+        """``tokenizer_path`` (a tokenizer.json or a parent checkpoint's), else BPE trained on the training
+        captions and cached under ``cache_dir`` by their content."""
+        h = self.hparams
+        if h.tokenizer_path:
+            return Tokenizer.from_file(h.tokenizer_path)
+        texts = list(dict.fromkeys(c for caps in self._splits[1]["train"] for c in caps))
+        key = hashlib.sha1(json.dumps([texts, h.vocab_size]).encode()).hexdigest()[:16]
+        cache = Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / f"captions-{key}.json"
+        return Tokenizer.load_or_train(cache, lambda: texts, "bpe", h.vocab_size)
+
+    def prepare_data(self) -> None:
+        """Train and cache the tokenizer once (rank 0); every rank loads it in ``setup``."""
+        self.load_tokenizer()
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
         h = self.hparams
-        if h.source not in ("digits", "table"):
-            raise ValueError(f"Unknown caption source {h.source!r}; choose digits or table (CSV/JSONL)")
-        splits, self.captions = self._digits() if h.source == "digits" else self._table()
-        train_texts = list(dict.fromkeys(c for caps in self.captions["train"] for c in caps))
-        self.tokenizer = Tokenizer.train(
-            train_texts, "bpe", h.vocab_size
-        )  # deterministic: same on every rank
+        splits, self.captions = self._splits
+        self.tokenizer = self.load_tokenizer()
         for name, split in splits.items():
             transform = build_transform(
                 name == "train", h.img_size, h.in_chans, h.mean, h.std, **(h.transform or {})

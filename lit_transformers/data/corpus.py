@@ -9,6 +9,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from lit_transformers.text import split_by_fractions
+
 Document = tuple[str, str]
 SOURCES = ("pydoc", "path", "hub")
 
@@ -103,18 +105,6 @@ def fingerprint(spec: CorpusSpec) -> str:
 def split_documents(
     docs: list[Document], val_fraction: float, test_fraction: float, seed: int = 0
 ) -> dict[str, list[Document]]:
-    """Assign whole documents to train/val/test by a seeded hash of their id: the same every run and rank."""
-    ranked = sorted(docs, key=lambda d: hashlib.sha1(f"{seed}:{d[0]}".encode()).hexdigest())
-    n_val = max(1, round(len(docs) * val_fraction)) if val_fraction > 0 else 0
-    n_test = max(1, round(len(docs) * test_fraction)) if test_fraction > 0 else 0
-    if len(docs) - n_val - n_test < 1:
-        raise ValueError(
-            f"Corpus has {len(docs)} documents, too few for val/test splits of {n_val}/{n_test}; "
-            "add text or lower data.val_fraction/data.test_fraction"
-        )
-    splits = {
-        "val": ranked[:n_val],
-        "test": ranked[n_val : n_val + n_test],
-        "train": ranked[n_val + n_test :],
-    }
-    return {name: sorted(split) for name, split in splits.items()}
+    """Whole documents per split, by a seeded hash of their id: the same every run and rank."""
+    parts = split_by_fractions([doc_id for doc_id, _ in docs], val_fraction, test_fraction, seed, "documents")
+    return {name: [docs[i] for i in idx] for name, idx in parts.items()}

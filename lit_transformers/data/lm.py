@@ -1,4 +1,4 @@
-"""Causal-LM data: corpus -> tokenizer (trained once, cached) -> token stream -> block_size windows."""
+"""Causal-LM data: corpus -> tokenizer (trained once and cached, or given) -> token stream -> windows."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents, split_documents
-from lit_transformers.data.tokenizer import Tokenizer
+from lit_transformers.text import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class CausalLMDataModule(L.LightningDataModule):
         corpus: dict | None = None,
         tokenizer: str = "bpe",
         vocab_size: int = 4096,
+        tokenizer_path: str | None = None,
         block_size: int = 256,
         batch_size: int = 32,
         val_fraction: float = 0.05,
@@ -52,7 +53,7 @@ class CausalLMDataModule(L.LightningDataModule):
         self.datasets: dict[str, TokenWindows] = {}
 
     @cached_property
-    def tokenizer_path(self) -> Path:  # cached: the fingerprint stats every file of a path corpus
+    def tokenizer_cache(self) -> Path:  # cached: the fingerprint stats every file of a path corpus
         h = self.hparams
         key = f"{fingerprint(self.corpus)}-{h.tokenizer}-{h.vocab_size}-{h.val_fraction}-{h.test_fraction}-{h.seed}"
         return Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / f"{key}.json"
@@ -63,28 +64,27 @@ class CausalLMDataModule(L.LightningDataModule):
         h = self.hparams
         return split_documents(load_documents(self.corpus), h.val_fraction, h.test_fraction, h.seed)
 
-    def prepare_data(self) -> None:
-        """Train the tokenizer on the training split once (rank 0); every rank loads it in ``setup``."""
-        if self.tokenizer_path.exists():
-            return
-        texts = [text for _, text in self.splits["train"]]
-        tokenizer = Tokenizer.train(texts, self.hparams.tokenizer, self.hparams.vocab_size)
-        tmp = self.tokenizer_path.with_suffix(f".tmp{os.getpid()}")
-        tokenizer.save(tmp)
-        tmp.replace(self.tokenizer_path)  # atomic: a concurrent reader never sees half a file
-        log.info(
-            "Trained %s tokenizer (%d tokens) -> %s",
-            self.hparams.tokenizer,
-            tokenizer.vocab_size,
-            self.tokenizer_path,
+    def load_tokenizer(self) -> Tokenizer:
+        """``tokenizer_path`` (a tokenizer.json, or a parent checkpoint's tokenizer), else the one trained on
+        the training split and cached under ``cache_dir``."""
+        h = self.hparams
+        if h.tokenizer_path:
+            return Tokenizer.from_file(h.tokenizer_path)
+        return Tokenizer.load_or_train(
+            self.tokenizer_cache,
+            lambda: [text for _, text in self.splits["train"]],
+            h.tokenizer,
+            h.vocab_size,
         )
+
+    def prepare_data(self) -> None:
+        """Train and cache the tokenizer once (rank 0); every rank loads it in ``setup``."""
+        self.load_tokenizer()
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        if not self.tokenizer_path.exists():
-            self.prepare_data()  # used outside a Trainer (scripts, notebooks)
-        self.tokenizer = Tokenizer.from_file(self.tokenizer_path)
+        self.tokenizer = self.load_tokenizer()
         block_size, tok = self.hparams.block_size, self.tokenizer
         for name, docs in self.splits.items():
             if not docs:

@@ -9,12 +9,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lit_transformers.nn import DecoderBlock, KVCache, LayerCache, RotaryEmbedding, absolute_positions
+from lit_transformers.nn import DecoderBlock, KVCache, LayerCache, LMHead, RotaryEmbedding, absolute_positions
 
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 50304  # set from the tokenizer at train time; GPT-2 pads 50257 to a multiple of 64
+    vocab_size: int | None = 50304  # None: the task takes its tokenizer's size; GPT-2 pads 50257 to x64
     block_size: int = 256  # longest context the model sees
     n_layer: int = 6
     n_head: int = 6
@@ -29,7 +29,11 @@ class GPTConfig:
 
 
 class GPT(nn.Module):
-    """Token + position embeddings -> n_layer pre-norm decoder blocks -> final LayerNorm -> LM head."""
+    """Token + position embeddings -> n_layer pre-norm decoder blocks -> final LayerNorm (the body,
+    :meth:`hidden_states`) -> LM head tied to the token embedding (:meth:`forward`).
+
+    Other heads (a reward model's or PPO value's ``nn.ScalarHead``) read :meth:`hidden_states` directly.
+    """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -54,7 +58,7 @@ class GPT(nn.Module):
             for _ in range(config.n_layer)
         )
         self.ln_f = nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = LMHead(config.d_model, config.vocab_size)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
@@ -90,17 +94,17 @@ class GPT(nn.Module):
             for _ in range(c.n_layer)
         ]
 
-    def forward(
+    def hidden_states(
         self,
         idx: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
         caches: list[LayerCache] | None = None,
     ) -> torch.Tensor:
-        """idx: (B, T) token ids -> logits (B, T, vocab_size).
+        """idx: (B, T) token ids -> final-LayerNorm hidden states (B, T, d_model).
 
         ``position_ids`` (B, T) default to 0..T-1 after any cached tokens; ``mask`` (B, 1, T, T_k) bool
-        adds key padding on top of the causal mask (see ``lit_transformers.nn.generation``).
+        adds key padding on top of the causal mask (``nn.padded_attention_mask``).
         """
         B, T = idx.shape
         start = caches[0].self_attn.length if caches else 0
@@ -120,7 +124,20 @@ class GPT(nn.Module):
                 position_ids=position_ids,
                 cache=caches[i] if caches else None,
             )
-        return self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
+        return self.ln_f(x)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        caches: list[LayerCache] | None = None,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """idx: (B, T) -> logits (B, T, vocab_size), or (B, 1, vocab_size) with ``last_only`` (generation's
+        prefill needs only the next token, and projecting a long prompt to the vocabulary is wasted work)."""
+        hidden = self.hidden_states(idx, position_ids, mask, caches)
+        return self.lm_head(hidden[:, -1:] if last_only else hidden)
 
     # ---- Hugging Face GPT-2 interoperability -------------------------------------------------
 

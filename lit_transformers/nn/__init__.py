@@ -1,8 +1,17 @@
-"""Pure-torch building blocks (no Lightning): attention, positions, blocks, generation."""
+"""Pure-torch building blocks (no Lightning): attention, positions, blocks, heads, losses, generation."""
 
-from lit_transformers.nn.attention import KVCache, MultiHeadAttention, causal_mask, padding_mask
+from lit_transformers.nn.attention import (
+    KVCache,
+    MultiHeadAttention,
+    causal_mask,
+    padded_attention_mask,
+    padded_position_ids,
+    padding_mask,
+)
 from lit_transformers.nn.blocks import DecoderBlock, EncoderBlock, FeedForward, LayerCache, TransformerBlock
-from lit_transformers.nn.generation import generate, left_pad, sample_next
+from lit_transformers.nn.generation import generate, sample_next, token_logprobs
+from lit_transformers.nn.heads import ClassifierHead, LMHead, ScalarHead
+from lit_transformers.nn.losses import IGNORE_INDEX, ClipLoss, token_cross_entropy
 from lit_transformers.nn.positions import (
     LearnedPositions,
     RotaryEmbedding,
@@ -12,21 +21,29 @@ from lit_transformers.nn.positions import (
 )
 
 __all__ = [
+    "IGNORE_INDEX",
+    "ClassifierHead",
+    "ClipLoss",
     "DecoderBlock",
     "EncoderBlock",
     "FeedForward",
     "KVCache",
+    "LMHead",
     "LayerCache",
     "LearnedPositions",
     "MultiHeadAttention",
     "RotaryEmbedding",
+    "ScalarHead",
     "SinusoidalPositions",
     "TransformerBlock",
     "absolute_positions",
     "causal_mask",
     "generate",
-    "left_pad",
+    "padded_attention_mask",
+    "padded_position_ids",
     "padding_mask",
     "sample_next",
     "sinusoidal_table",
+    "token_cross_entropy",
+    "token_logprobs",
 ]

@@ -39,6 +39,10 @@ class KVCache:
     def view(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k[:, :, : self.length], self.v[:, :, : self.length]
 
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep batch rows ``index`` (B',), in that order: beam search continues the chosen beams."""
+        self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
 
 def causal_mask(t_q: int, t_k: int, device=None) -> torch.Tensor:
     """(T_q, T_k) lower-triangular mask aligned to the *end*: query i is key position t_k - t_q + i."""
@@ -49,6 +53,25 @@ def causal_mask(t_q: int, t_k: int, device=None) -> torch.Tensor:
 def padding_mask(key_valid: torch.Tensor) -> torch.Tensor:
     """(B, T_k) bool of real tokens -> (B, 1, 1, T_k) attention mask."""
     return key_valid[:, None, None, :].bool()
+
+
+def padded_attention_mask(key_valid: torch.Tensor, t_q: int | None = None) -> torch.Tensor:
+    """(B, T_k) bool of real tokens -> (B, 1, T_q, T_k) mask for the last ``t_q`` positions (default all).
+
+    Real keys, plus each query's own position, so that a padding query never faces an all-masked row
+    (SDPA returns NaN there, and 0 * NaN poisons later layers). Generation and the training forward of
+    generated sequences (PPO log-probs) both use this, so their logits agree.
+    """
+    t_k = key_valid.size(1)
+    t_q = t_k if t_q is None else t_q
+    query_pos = t_k - t_q + torch.arange(t_q, device=key_valid.device)
+    own = torch.arange(t_k, device=key_valid.device) == query_pos[:, None]  # (T_q, T_k)
+    return key_valid.bool()[:, None, None, :] | own
+
+
+def padded_position_ids(key_valid: torch.Tensor) -> torch.Tensor:
+    """(B, T) positions counting real tokens only: with left padding, each row's first real token is 0."""
+    return (key_valid.long().cumsum(dim=-1) - 1).clamp(min=0)
 
 
 class MultiHeadAttention(nn.Module):

@@ -78,11 +78,6 @@ class TransformerBlock(nn.Module):
         self.mlp = FeedForward(d_model, d_ff or 4 * d_model, activation, dropout, bias)
         self.dropout = nn.Dropout(dropout)
 
-    def _residual(self, x: torch.Tensor, norm: nn.LayerNorm, sublayer) -> torch.Tensor:
-        if self.norm_first:
-            return x + sublayer(norm(x))
-        return norm(x + sublayer(x))
-
     def forward(
         self,
         x: torch.Tensor,
@@ -94,31 +89,33 @@ class TransformerBlock(nn.Module):
         cache: LayerCache | None = None,
     ) -> torch.Tensor:
         """x: (B, T, d_model); context: (B, S, d_context) encoder memory for cross-attention."""
-        x = self._residual(
-            x,
-            self.ln_1,
-            lambda h: self.dropout(
-                self.attn(
-                    h,
-                    mask=mask,
-                    is_causal=self.causal,
-                    rotary=rotary,
-                    position_ids=position_ids,
-                    kv_cache=cache.self_attn if cache else None,
-                )
-            ),
-        )
-        if self.cross_attn is not None:
-            x = self._residual(
-                x,
-                self.ln_cross,
-                lambda h: self.dropout(
-                    self.cross_attn(
-                        h, context=context, mask=context_mask, kv_cache=cache.cross_attn if cache else None
-                    )
-                ),
+
+        def attend_self(h: torch.Tensor) -> torch.Tensor:
+            kv_cache = cache.self_attn if cache else None
+            out = self.attn(
+                h,
+                mask=mask,
+                is_causal=self.causal,
+                rotary=rotary,
+                position_ids=position_ids,
+                kv_cache=kv_cache,
             )
-        return self._residual(x, self.ln_2, self.mlp)
+            return self.dropout(out)
+
+        def attend_context(h: torch.Tensor) -> torch.Tensor:
+            kv_cache = cache.cross_attn if cache else None
+            return self.dropout(self.cross_attn(h, context=context, mask=context_mask, kv_cache=kv_cache))
+
+        if self.norm_first:  # pre-norm (GPT-2): x + f(LN(x))
+            x = x + attend_self(self.ln_1(x))
+            if self.cross_attn is not None:
+                x = x + attend_context(self.ln_cross(x))
+            return x + self.mlp(self.ln_2(x))
+        # post-norm (the original Transformer, BERT): LN(x + f(x))
+        x = self.ln_1(x + attend_self(x))
+        if self.cross_attn is not None:
+            x = self.ln_cross(x + attend_context(x))
+        return self.ln_2(x + self.mlp(x))
 
 
 def EncoderBlock(d_model: int, n_head: int, **kwargs) -> TransformerBlock:

@@ -1,42 +1,18 @@
 """Autoregressive generation for any decoder that follows the small protocol below.
 
-The model is called as ``model(input_ids, position_ids=..., mask=..., caches=...) -> logits (B, T, V)``
-and provides ``model.new_caches(batch_size, max_len, device, dtype)``. GPT, the translation decoder
-and the PPO policy all share this loop.
+The model is called as ``model(input_ids, position_ids=..., mask=..., caches=..., last_only=...)`` ->
+logits (B, T, V) (only the last position with ``last_only``) and provides
+``model.new_caches(batch_size, max_len, device, dtype)``. GPT, the translation decoder and the PPO
+policy all share this loop; :func:`token_logprobs` recomputes what it sampled with the same masks and
+positions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import nn
 
-
-def left_pad(
-    sequences: Sequence[Sequence[int]], pad_id: int, device=None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batch prompts of different lengths: (B, T) ids padded on the left, and (B, T) bool of real tokens."""
-    if not sequences or any(len(s) == 0 for s in sequences):
-        raise ValueError("Every prompt needs at least one token (prepend BOS to an empty prompt)")
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long, device=device)
-    valid = torch.zeros(len(sequences), width, dtype=torch.bool, device=device)
-    for row, seq in enumerate(sequences):
-        ids[row, width - len(seq) :] = torch.as_tensor(list(seq), dtype=torch.long)
-        valid[row, width - len(seq) :] = True
-    return ids, valid
-
-
-def _attention_mask(key_valid: torch.Tensor, t_q: int) -> torch.Tensor:
-    """(B, 1, T_q, T_k): real keys, plus each query's own position so that a padding query never
-    faces an all-masked row (which makes SDPA return NaN, and 0 * NaN poisons later layers)."""
-    t_k = key_valid.size(1)
-    own = (
-        torch.arange(t_k, device=key_valid.device)
-        == (t_k - t_q + torch.arange(t_q, device=key_valid.device))[:, None]
-    )
-    return key_valid[:, None, None, :] | own
+from lit_transformers.nn.attention import padded_attention_mask, padded_position_ids
 
 
 def sample_next(
@@ -93,9 +69,7 @@ def generate(
             torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         )
         padded = not bool(valid.all())
-        positions = (valid.long().cumsum(dim=-1) - 1).clamp(
-            min=0
-        )  # left padding: first real token is position 0
+        positions = padded_position_ids(valid)  # left padding: each row's first real token is position 0
         caches = None
         if use_cache:
             dtype = next(model.parameters()).dtype
@@ -105,8 +79,8 @@ def generate(
         tokens, step_ids, step_pos = input_ids, input_ids, positions
         finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         for _ in range(max_new_tokens):
-            mask = _attention_mask(valid, step_ids.size(1)) if padded else None
-            logits = model(step_ids, position_ids=step_pos, mask=mask, caches=caches)[:, -1]
+            mask = padded_attention_mask(valid, step_ids.size(1)) if padded else None
+            logits = model(step_ids, position_ids=step_pos, mask=mask, caches=caches, last_only=True)[:, -1]
             next_token = sample_next(logits, temperature, top_k, top_p, generator)
             next_token = next_token.masked_fill(finished, pad_id)
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)
@@ -121,3 +95,21 @@ def generate(
                 (next_token[:, None], positions[:, -1:]) if use_cache else (tokens, positions)
             )
     return tokens.clone()
+
+
+def token_logprobs(
+    model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """(B, T - 1) log-probability of each token given the ones before it, under the padding-aware mask
+    and positions that :func:`generate` used (so PPO's recomputed log-probs match its samples).
+
+    ``temperature`` divides the logits as sampling did; entries at padding positions are meaningless and
+    must be masked by the caller.
+    """
+    logits = model(
+        sequences,
+        position_ids=padded_position_ids(attention_mask),
+        mask=padded_attention_mask(attention_mask),
+    )  # (B, T, V)
+    logp = (logits[:, :-1].float() / max(temperature, 1e-8)).log_softmax(dim=-1)
+    return logp.gather(-1, sequences[:, 1:, None]).squeeze(-1)

@@ -1,32 +1,56 @@
-"""What every training objective shares: lazy model construction, ``init_from``, optimiser, grad-norm logging."""
+"""What every training objective shares: models built from plain config, ``init_from``, frozen submodules,
+optimiser and schedule from config, tokenizer in the checkpoint, grad-norm logging.
+
+Hyperparameters are plain containers (dicts, lists, numbers, strings): a checkpoint loads with
+``torch.load(weights_only=True)``, and config objects are built from them here, on load as on training.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
+import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 import lightning as L
 import torch
+from hydra.utils import get_object
 from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import Metric
 
-from lit_transformers.data.tokenizer import Tokenizer
 from lit_transformers.tasks.optim import decay_groups
+from lit_transformers.text import Tokenizer
+
+log = logging.getLogger(__name__)
 
 
-def load_weights(model: nn.Module, path: str | Path) -> None:
-    """Copy weights from a Lightning checkpoint or a plain state dict; any key or shape mismatch is an error."""
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The primary model's weights from a Lightning checkpoint (keys ``model.*``) or a plain state dict."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"init_from={path} not found; pass a .ckpt from an earlier run")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = torch.load(path, map_location="cpu", weights_only=True)
     state = state.get("state_dict", state)
-    # Lightning checkpoints name weights "model.<name>" (the task's attribute) beside metric states
+    # Lightning checkpoints name weights "<task attribute>.<name>" beside metric states
     if any(k.startswith("model.") for k in state):
         state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
-    own = model.state_dict()
+    return state
+
+
+def load_weights(module: nn.Module, path: str | Path, new: tuple[str, ...] = ()) -> list[str]:
+    """Copy the weights at ``path`` into ``module``; returns the keys left as initialised.
+
+    Strict, except that keys under a prefix in ``new`` (heads the receiving task adds, e.g. a reward
+    model's scalar head on a GPT checkpoint) may be absent from the checkpoint. Any other missing or
+    unexpected key, or a shape mismatch, is an error that lists them.
+    """
+    state = read_weights(path)
+    own = module.state_dict()
     missing = sorted(set(own) - set(state))
+    fresh = [k for k in missing if k.startswith(new)] if new else []
+    missing = [k for k in missing if k not in fresh]
     unexpected = sorted(set(state) - set(own))
     mismatched = [
         f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
@@ -38,66 +62,192 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
             f"init_from={path} does not fit the model.\n  missing keys: {missing}\n  unexpected keys: {unexpected}\n"
             f"  shape mismatches: {mismatched}\nUse a checkpoint trained with the same model config."
         )
-    model.load_state_dict(state)
+    module.load_state_dict(state, strict=False)
+    return fresh
+
+
+def config_spec(config) -> dict:
+    """The plain spec of a model config: a dataclass instance becomes ``{_target_: its class, **fields}``,
+    so Python callers may pass config objects while checkpoints keep plain data."""
+    if dataclasses.is_dataclass(config):
+        cls = type(config)
+        return {"_target_": f"{cls.__module__}.{cls.__qualname__}", **dataclasses.asdict(config)}
+    return dict(config)
+
+
+def build_config(spec: Mapping, **defaults):
+    """A model config dataclass from its plain spec (``_target_`` + fields); ``defaults`` fill the fields
+    the spec leaves null (the vocabulary size that the tokenizer decides)."""
+    cls = get_object(spec["_target_"])
+    if not dataclasses.is_dataclass(cls):
+        raise ValueError(f"model _target_ {spec['_target_']!r} is not a model config dataclass")
+    fields = {k: v for k, v in spec.items() if not k.startswith("_")}
+    fields |= {k: v for k, v in defaults.items() if fields.get(k) is None}
+    return cls(**fields)
+
+
+def build_from_spec(spec: Mapping, base: type, what: str, *args, **kwargs):
+    """Call the class or function a ``{_target_: ..., key: value}`` spec names with ``args``, the spec's
+    values and ``kwargs``. The target must be a ``base`` subclass or a function of this package: specs
+    come from checkpoints too, and calling an arbitrary target would run arbitrary code."""
+    target = get_object(spec["_target_"])
+    allowed = (isinstance(target, type) and issubclass(target, base)) or (
+        callable(target) and target.__module__.startswith("lit_transformers.")
+    )
+    if not allowed:
+        raise ValueError(f"{what}._target_={spec['_target_']!r} is not a {base.__name__}")
+    return target(*args, **{k: v for k, v in spec.items() if not k.startswith("_")}, **kwargs)
 
 
 class Task(L.LightningModule):
-    """Subclasses implement ``build_model()`` and the step methods; the model is built in ``configure_model``
-    so that it can depend on the datamodule (vocab size) and is built once per rank (FSDP-friendly)."""
+    """Base of every task. Subclasses implement ``build_model()`` (or ``build_models()`` for several named
+    models) and the step methods. Models are built in ``configure_model`` so that they can depend on the
+    datamodule (vocabulary, class names) and are built once per rank (FSDP-friendly).
+
+    Args (shared by every task; subclasses pass them through ``**task_args``):
+        optimizer: ``{_target_: torch.optim.AdamW, lr: ..., ...}``, built over the decay/no-decay groups.
+        scheduler: ``{_target_: lit_transformers.tasks.warmup_cosine, ...}`` or None for a constant lr.
+        init_from: a checkpoint whose primary model initialises ``model``, or ``{submodule: checkpoint}``
+            for tasks with several models; applied once, then the task's own checkpoints carry the weights.
+        compile: ``torch.compile`` the trainable models.
+        tokenizer: the tokenizer's plain state; text tasks set it from the datamodule, and checkpoints
+            carry it, so a reloaded task tokenizes exactly as in training.
+    """
+
+    new_heads: tuple[
+        str, ...
+    ] = ()  # state-dict prefixes (e.g. "model.head") created fresh on top of init_from
+    frozen: tuple[str, ...] = ()  # submodules kept fixed: no gradient, not optimised, always in eval mode
 
     def __init__(
         self,
-        optimizer: partial,
-        scheduler: partial | None = None,
-        init_from: str | None = None,
+        optimizer: dict,
+        scheduler: dict | None = None,
+        init_from: str | dict | None = None,
         compile: bool = False,
+        tokenizer: dict | None = None,
     ):
         super().__init__()
-        self.model: nn.Module | None = None
-        self.tokenizer: Tokenizer | None = None  # text tasks take it from the datamodule in build_model
+        self.save_hyperparameters(logger=False)  # here, so no subclass can forget it: includes their args
+        self.tokenizer = Tokenizer.from_state(tokenizer) if tokenizer else None
+        self._built = False
+
+    # ---- models --------------------------------------------------------------------------------
 
     def build_model(self) -> nn.Module:
         raise NotImplementedError
 
-    def fit_config_to_tokenizer(self, **fields) -> None:
-        """Take the datamodule's tokenizer (when training with one) and write ``fields(tokenizer)`` into the
-        model config, so the checkpoint records the vocabulary the model was built for."""
-        datamodule = self._trainer.datamodule if self._trainer is not None else None
-        if getattr(datamodule, "tokenizer", None) is None:
-            return
-        self.tokenizer = datamodule.tokenizer
-        values = {name: get(self.tokenizer) for name, get in fields.items()}
-        self.hparams.model = dataclasses.replace(self.hparams.model, **values)
+    def build_models(self) -> dict[str, nn.Module]:
+        """Named models, each set as an attribute of the task (and so named in its checkpoints)."""
+        return {"model": self.build_model()}
 
-    def log_best(self, key: str, tracker: Metric) -> None:
-        """At validation end, feed ``key`` to a Min/MaxMetric and log the best so far as ``<key>_best``."""
-        value = self.trainer.callback_metrics.get(key)
-        if value is not None and not self.trainer.sanity_checking:
-            tracker(value)
-            self.log(f"{key}_best", tracker.compute(), sync_dist=True)
+    def attach_tokenizer(self) -> Tokenizer | None:
+        """The tokenizer this task uses: the datamodule's when training with one (then recorded in the
+        hyperparameters, so checkpoints carry it), else the one its checkpoint carried, else none."""
+        tokenizer = self.datamodule_attr("tokenizer")
+        if tokenizer is not None:
+            self.tokenizer = tokenizer
+            self.hparams.tokenizer = tokenizer.state()
+        return self.tokenizer
+
+    def require_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise ValueError(
+                "No tokenizer: train with a datamodule that has one, or load a checkpoint of this task"
+            )
+        return self.tokenizer
+
+    def text_model_config(self, **from_tokenizer):
+        """The model config from ``hparams.model``, its null fields taken from the tokenizer:
+        ``from_tokenizer`` maps field -> function of the tokenizer (vocabulary size, EOS id)."""
+        tokenizer = self.attach_tokenizer()
+        defaults = {field: get(tokenizer) for field, get in from_tokenizer.items()} if tokenizer else {}
+        config = build_config(self.hparams.model, **defaults)
+        unset = [field for field in from_tokenizer if getattr(config, field) is None]
+        if unset:
+            raise ValueError(f"model.{unset[0]} is null and there is no tokenizer to take it from; set it")
+        if tokenizer is not None and config.vocab_size < tokenizer.vocab_size:
+            raise ValueError(
+                f"model.vocab_size={config.vocab_size} is smaller than the tokenizer's {tokenizer.vocab_size} "
+                "tokens; leave it null to take the tokenizer's"
+            )
+        return config
+
+    def datamodule_attr(self, name: str):
+        datamodule = self._trainer.datamodule if self._trainer is not None else None
+        return getattr(datamodule, name, None)
 
     def configure_model(self) -> None:
-        if self.model is not None:
+        if self._built:
             return
-        self.model = self.build_model()
+        models = self.build_models()
+        for name, module in models.items():
+            setattr(self, name, module)
+        self.model_names = list(models)
+        self._built = True
         if self.hparams.init_from:
-            load_weights(self.model, self.hparams.init_from)
+            self._load_init_from(self.hparams.init_from)
             # the weights now live in this task's own checkpoints; reloading them must not need the parent file
             self.hparams.init_from = None
+        for name in self.frozen:
+            getattr(self, name).requires_grad_(False).eval()
         if self.hparams.compile:
-            self.model.compile()  # in place: state-dict names stay free of "_orig_mod."
+            for name in self.trainable_models():
+                getattr(self, name).compile()  # in place: state-dict names stay free of "_orig_mod."
+
+    def trainable_models(self) -> list[str]:
+        return [name for name in self.model_names if name not in self.frozen]
+
+    def _load_init_from(self, init_from: str | Mapping) -> None:
+        targets = {"model": init_from} if isinstance(init_from, str) else dict(init_from)
+        for target, path in targets.items():
+            prefix = f"{target}."
+            new = tuple(h.removeprefix(prefix) for h in self.new_heads if h.startswith(prefix))
+            parent = Tokenizer.from_checkpoint(path) if str(path).endswith(".ckpt") else None
+            if parent is not None and self.tokenizer is not None and parent != self.tokenizer:
+                raise ValueError(
+                    f"init_from={path} was trained with a different tokenizer ({parent.vocab_size} tokens) than "
+                    f"this run's data ({self.tokenizer.vocab_size} tokens); set data.tokenizer_path={path} "
+                    "to train with the parent's tokenizer"
+                )
+            fresh = load_weights(self.get_submodule(target), path, new)
+            log.info(
+                "init_from: loaded %s into %s%s",
+                path,
+                target,
+                f"; new (not in the checkpoint): {', '.join(prefix + k for k in fresh)}" if fresh else "",
+            )
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for name in self.frozen if self._built else ():
+            getattr(self, name).eval()  # Lightning calls train() each epoch: frozen models keep dropout off
+        return self
+
+    # ---- optimisation ----------------------------------------------------------------------------
 
     def param_groups(self) -> list[dict]:
-        skip = getattr(self.model, "no_weight_decay", lambda: set())()
-        return decay_groups(self.model, set(skip))
+        groups: list[dict] = []
+        for name in self.trainable_models():
+            module = getattr(self, name)
+            skip = getattr(module, "no_weight_decay", lambda: set())()
+            groups += decay_groups(module, set(skip))
+        return groups
+
+    def total_steps(self) -> int:
+        """Optimizer steps the schedule spans. Lightning counts batches; a task that steps its optimizer
+        several times per batch (manual optimisation, PPO epochs) overrides this."""
+        return int(self.trainer.estimated_stepping_batches)
 
     def configure_optimizers(self):
-        optimizer = self.hparams.optimizer(params=self.param_groups())
+        optimizer = build_from_spec(self.hparams.optimizer, Optimizer, "task.optimizer", self.param_groups())
         for group in optimizer.param_groups:  # timm layer-wise lr decay stores "lr_scale" per group
             group["lr"] *= group.get("lr_scale", 1.0)
         if self.hparams.scheduler is None:
             return optimizer
-        scheduler = self.hparams.scheduler(optimizer, total_steps=self.trainer.estimated_stepping_batches)
+        scheduler = build_from_spec(
+            self.hparams.scheduler, LRScheduler, "task.scheduler", optimizer, total_steps=self.total_steps()
+        )
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"},
@@ -110,6 +260,15 @@ class Task(L.LightningModule):
         if grads:
             self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), on_step=True, on_epoch=False)
 
+    # ---- metrics and files -----------------------------------------------------------------------
+
+    def log_best(self, key: str, tracker: Metric) -> None:
+        """At validation end, feed ``key`` to a Min/MaxMetric and log the best so far as ``<key>_best``."""
+        value = self.trainer.callback_metrics.get(key)
+        if value is not None and not self.trainer.sanity_checking:
+            tracker(value)
+            self.log(f"{key}_best", tracker.compute(), sync_dist=True)
+
     def on_fit_start(self) -> None:
         checkpoints = self.trainer.checkpoint_callback
         if (
@@ -120,11 +279,3 @@ class Task(L.LightningModule):
             self.tokenizer.save(
                 Path(checkpoints.dirpath) / "tokenizer.json"
             )  # for tools outside this package
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        if self.tokenizer is not None:
-            checkpoint["tokenizer"] = self.tokenizer.to_str()  # generation/zero-shot reload exactly this one
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "tokenizer" in checkpoint:
-            self.tokenizer = Tokenizer.from_str(checkpoint["tokenizer"])

@@ -2,69 +2,66 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
-import torch.nn.functional as F
-from torchmetrics import MinMetric
-from torchmetrics.text import Perplexity
+from torchmetrics import MeanMetric, MinMetric
 
 from lit_transformers.models import GPT, GPTConfig
-from lit_transformers.nn import generate, left_pad
-from lit_transformers.tasks.base import Task
-
-IGNORE_INDEX = -100  # label value for positions without a target (padding, prompts in SFT)
+from lit_transformers.nn import generate, token_cross_entropy
+from lit_transformers.tasks.base import Task, config_spec
+from lit_transformers.text import left_pad
 
 
 class CausalLMTask(Task):
-    def __init__(
-        self,
-        model: GPTConfig,
-        optimizer: partial,
-        scheduler: partial | None = None,
-        init_from: str | None = None,
-        compile: bool = False,
-    ):
-        super().__init__(optimizer, scheduler, init_from, compile)
-        self.save_hyperparameters(logger=False)
-        self.val_ppl = Perplexity(ignore_index=IGNORE_INDEX)
-        self.test_ppl = Perplexity(ignore_index=IGNORE_INDEX)
+    """Args: ``model``, the GPT config spec (``vocab_size: null`` takes the tokenizer's); the rest as in
+    :class:`Task`."""
+
+    def __init__(self, model: dict | GPTConfig, **task_args):
+        model = config_spec(model)  # before the base records the arguments as hyperparameters
+        super().__init__(**task_args)
+        # token-weighted means (sum of token losses / token count, over batches and ranks): val/ppl is
+        # exactly exp(val/loss), and padded or prompt-masked batches weigh by their real targets
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.val_loss_best = MinMetric()
         self.val_loss_best.persistent(True)  # saved in checkpoints: the best survives a resume
 
     def build_model(self) -> GPT:
-        self.fit_config_to_tokenizer(vocab_size=lambda tok: tok.vocab_size)
-        return GPT(self.hparams.model)
+        return GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids)
 
     def _step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model(batch["input_ids"])  # (B, T, V)
-        loss = F.cross_entropy(
-            logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE_INDEX
-        )
-        return loss, logits
+        """(summed token loss, token count) of a batch of input ids and next-token labels."""
+        return token_cross_entropy(self.model(batch["input_ids"]), batch["labels"])
 
     def training_step(self, batch, batch_idx):
-        loss, _ = self._step(batch)
+        total, count = self._step(batch)
+        loss = total / count
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         return loss
 
-    def validation_step(self, batch, batch_idx):
-        loss, logits = self._step(batch)
-        self.val_ppl(logits.float(), batch["labels"])
-        self.log("val/loss", loss, on_epoch=True, prog_bar=True, sync_dist=True)
-        self.log("val/ppl", self.val_ppl, on_epoch=True, prog_bar=True)
+    def _eval_step(self, batch, stage: str, mean: MeanMetric) -> None:
+        total, count = self._step(batch)
+        mean.update(total / count, weight=count)
+        self.log(f"{stage}/loss", mean, on_epoch=True, prog_bar=stage == "val")
 
-    def on_validation_epoch_end(self):
-        self.log_best("val/loss", self.val_loss_best)
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, "val", self.val_loss)
 
     def test_step(self, batch, batch_idx):
-        loss, logits = self._step(batch)
-        self.test_ppl(logits.float(), batch["labels"])
-        self.log("test/loss", loss, on_epoch=True, sync_dist=True)
-        self.log("test/ppl", self.test_ppl, on_epoch=True)
+        self._eval_step(batch, "test", self.test_loss)
+
+    def on_validation_epoch_end(self):
+        self.log_ppl("val")
+        self.log_best("val/loss", self.val_loss_best)
+
+    def on_test_epoch_end(self):
+        self.log_ppl("test")
+
+    def log_ppl(self, stage: str) -> None:
+        loss = self.trainer.callback_metrics.get(f"{stage}/loss")
+        if loss is not None:
+            self.log(f"{stage}/ppl", loss.exp(), prog_bar=stage == "val")
 
     @torch.no_grad()
     def sample(
@@ -77,11 +74,7 @@ class CausalLMTask(Task):
         seed: int | None = None,
     ) -> list[str]:
         """Continue each prompt; returns only the generated text."""
-        if self.tokenizer is None:
-            raise RuntimeError(
-                "No tokenizer attached: load the task from a checkpoint or train it with a datamodule"
-            )
-        tok = self.tokenizer
+        tok = self.require_tokenizer()
         ids, valid = left_pad([[tok.bos_id, *tok.encode(p)] for p in prompts], tok.pad_id, device=self.device)
         max_new_tokens = min(max_new_tokens, self.model.config.block_size - ids.size(1))
         generator = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None

@@ -3,96 +3,43 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from functools import partial
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 from torchmetrics.functional.classification import multiclass_accuracy
 
-from lit_transformers.data.captions import tokenize
 from lit_transformers.models.clip import CLIP, CLIPConfig
-from lit_transformers.tasks.base import Task
-from lit_transformers.tasks.evaluation import log_image, matrix_image, recall_at_k, zero_shot_classifier
-
-AllGather = Callable[..., torch.Tensor]  # (B, ...) -> (world_size, B, ...), as LightningModule.all_gather
-
-
-class ClipLoss(nn.Module):
-    """Symmetric InfoNCE: mean of image->text and text->image cross-entropy (open_clip's ``ClipLoss``).
-
-    With several ranks, features are gathered from all of them. ``gather_with_grad`` sends gradients back
-    through the gather to the rank that made each feature; without it, only the local slice carries gradient.
-    ``local_loss`` scores only this rank's B rows against all W*B columns (labels offset by rank * B) instead
-    of the full (W*B, W*B) matrix; DDP's gradient averaging then gives the gradient of the global-batch loss.
-    """
-
-    def __init__(self, local_loss: bool = True, gather_with_grad: bool = True):
-        super().__init__()
-        self.local_loss, self.gather_with_grad = local_loss, gather_with_grad
-
-    def gather(self, x: torch.Tensor, all_gather: AllGather, rank: int) -> torch.Tensor:
-        if self.gather_with_grad:
-            return all_gather(x, sync_grads=True).flatten(0, 1)  # (W*B, E)
-        parts = list(all_gather(x.detach()).unbind(0))
-        parts[rank] = x  # the local slice keeps its graph
-        return torch.cat(parts)
-
-    def forward(
-        self,
-        image_features: torch.Tensor,
-        text_features: torch.Tensor,
-        logit_scale: torch.Tensor,
-        all_gather: AllGather | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-    ) -> torch.Tensor:
-        """image_features, text_features: (B, E) normalised; logit_scale: exp(learned log-scale)."""
-        B = image_features.size(0)
-        if world_size == 1:
-            logits_image = logit_scale * image_features @ text_features.T  # (B, B)
-            logits_text, labels = logits_image.T, torch.arange(B, device=image_features.device)
-        else:
-            all_image = self.gather(image_features, all_gather, rank)  # (W*B, E)
-            all_text = self.gather(text_features, all_gather, rank)
-            if self.local_loss:
-                logits_image = logit_scale * image_features @ all_text.T  # (B, W*B)
-                logits_text = logit_scale * text_features @ all_image.T
-                labels = torch.arange(B, device=image_features.device) + rank * B
-            else:
-                logits_image = logit_scale * all_image @ all_text.T  # (W*B, W*B)
-                logits_text, labels = (
-                    logits_image.T,
-                    torch.arange(world_size * B, device=image_features.device),
-                )
-        return (
-            F.cross_entropy(logits_image.float(), labels) + F.cross_entropy(logits_text.float(), labels)
-        ) / 2
+from lit_transformers.nn import ClipLoss
+from lit_transformers.tasks.base import Task, config_spec
+from lit_transformers.tasks.evaluation import matrix_image, recall_at_k, zero_shot_classifier
+from lit_transformers.text import eos_terminated
+from lit_transformers.utils.dashboards import log_image
 
 
 class ContrastiveTask(Task):
+    """Args: ``model``, the CLIP config spec (vocabulary and EOS id come from the tokenizer);
+    ``max_logit_scale``: logit_scale is clamped to [0, this] after every step (temperature between 1/100
+    and 1, as open_clip); ``local_loss``/``gather_with_grad``: see ``nn.ClipLoss``; ``recall_ks``: retrieval
+    recall@k reported in both directions; the rest as in :class:`Task`."""
+
     def __init__(
         self,
-        model: CLIPConfig,
-        optimizer: partial,
-        scheduler: partial | None = None,
-        init_from: str | None = None,
-        compile: bool = False,
+        model: dict | CLIPConfig,
         max_logit_scale: float = math.log(100),
         local_loss: bool = True,
         gather_with_grad: bool = True,
         recall_ks: tuple[int, ...] = (1, 5, 10),
+        **task_args,
     ):
-        super().__init__(optimizer, scheduler, init_from, compile)
-        self.save_hyperparameters(logger=False)
+        model = config_spec(model)  # before the base records the arguments as hyperparameters
+        super().__init__(**task_args)
         self.loss = ClipLoss(local_loss, gather_with_grad)
         self._eval: dict[str, list[torch.Tensor]] = {}
         self._similarity: torch.Tensor | None = None
 
     def build_model(self) -> CLIP:
-        self.fit_config_to_tokenizer(vocab_size=lambda tok: tok.vocab_size, eos_id=lambda tok: tok.eos_id)
-        return CLIP(self.hparams.model)
+        return CLIP(
+            self.text_model_config(vocab_size=lambda tok: tok.vocab_size, eos_id=lambda tok: tok.eos_id)
+        )
 
     def forward(self, images: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model(images, input_ids)
@@ -118,8 +65,8 @@ class ContrastiveTask(Task):
 
     def optimizer_step(self, *args, **kwargs):
         super().optimizer_step(*args, **kwargs)
-        with torch.no_grad():  # temperature floor of 1/100, as in CLIP
-            self.model.logit_scale.clamp_(max=self.hparams.max_logit_scale)
+        with torch.no_grad():  # temperature between 1/100 and 1, as open_clip clamps it
+            self.model.logit_scale.clamp_(0, self.hparams.max_logit_scale)
 
     def _eval_step(self, batch, batch_idx: int, stage: str) -> None:
         loss, image_features, text_features = self._loss(batch)
@@ -145,7 +92,11 @@ class ContrastiveTask(Task):
     @torch.no_grad()
     def encode_texts(self, texts: list[str], batch_size: int = 256) -> torch.Tensor:
         """(N, E) normalised embeddings of raw strings, tokenized like the training captions."""
-        ids = tokenize(self.tokenizer, texts, self.model.config.context_length).to(self.device)
+        tok = self.require_tokenizer()
+        ids = eos_terminated(
+            tok.encode_batch(texts), tok.eos_id, tok.pad_id, self.model.config.context_length
+        )
+        ids = ids.to(self.device)
         return torch.cat([self.model.encode_text(chunk) for chunk in ids.split(batch_size)]).float()
 
     def _evaluate(self, stage: str) -> None:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-import torchvision
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 
 @torch.no_grad()
@@ -42,19 +39,3 @@ def matrix_image(matrix: torch.Tensor, cell: int | None = None) -> torch.Tensor:
     cell = cell or max(1, 256 // max(m.shape))
     rgb = rgb.repeat_interleave(cell, dim=1).repeat_interleave(cell, dim=2)
     return (rgb * 255).round().to(torch.uint8)
-
-
-def log_image(trainer, key: str, image: torch.Tensor) -> None:
-    """Send a (3, H, W) uint8 image to every dashboard (CSV: a PNG in its log folder); rank 0 only."""
-    if not trainer.is_global_zero:
-        return
-    step = trainer.global_step
-    for logger in trainer.loggers:
-        if isinstance(logger, WandbLogger):
-            logger.log_image(key, [image.permute(1, 2, 0).numpy()], step=step)
-        elif isinstance(logger, TensorBoardLogger):
-            logger.experiment.add_image(key, image, global_step=step)
-        elif isinstance(logger, CSVLogger):
-            path = os.path.join(logger.log_dir, "images", f"{key.replace('/', '_')}_step{step}.png")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            torchvision.io.write_png(image, path)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 import torch.nn.functional as F
 from timm.loss import SoftTargetCrossEntropy
@@ -14,32 +12,34 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 
 from lit_transformers.models.backbone import create_backbone
 from lit_transformers.tasks.base import Task
-from lit_transformers.tasks.evaluation import log_image, matrix_image
+from lit_transformers.tasks.evaluation import matrix_image
+from lit_transformers.utils.dashboards import log_image
 
 
 class ImageClassificationTask(Task):
+    """Args: ``model``, ``{backbone: create_backbone kwargs}`` (the class count comes from the data);
+    ``label_smoothing``; ``layer_decay``: timm layer-wise lr decay; ``per_class_limit``: log per-class test
+    accuracy up to this many classes; ``class_names``: taken from the datamodule and kept in checkpoints;
+    the rest as in :class:`Task`."""
+
     def __init__(
         self,
         model: dict,
-        optimizer: partial,
-        scheduler: partial | None = None,
-        init_from: str | None = None,
-        compile: bool = False,
         label_smoothing: float = 0.0,
         layer_decay: float | None = None,
         per_class_limit: int = 100,
         class_names: list[str] | None = None,
+        **task_args,
     ):
-        super().__init__(optimizer, scheduler, init_from, compile)
-        self.save_hyperparameters(logger=False)
+        super().__init__(**task_args)
         self.soft_target_loss = SoftTargetCrossEntropy()
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # saved in checkpoints: the best survives a resume
 
     def build_model(self) -> nn.Module:
-        datamodule = self._trainer.datamodule if self._trainer is not None else None
-        if datamodule is not None:
-            self.hparams.class_names = list(datamodule.class_names)  # kept in the checkpoint for reloading
+        class_names = self.datamodule_attr("class_names")
+        if class_names:
+            self.hparams.class_names = list(class_names)  # kept in the checkpoint for reloading
         if not self.hparams.class_names:
             raise ValueError("No class names: train with a datamodule, or pass task.class_names")
         n = len(self.hparams.class_names)
@@ -61,7 +61,7 @@ class ImageClassificationTask(Task):
             return super().param_groups()
         return param_groups_layer_decay(
             self.model,
-            weight_decay=self.hparams.optimizer.keywords.get("weight_decay", 0.0),
+            weight_decay=self.hparams.optimizer.get("weight_decay", 0.0),
             no_weight_decay_list=getattr(self.model, "no_weight_decay", lambda: set())(),
             layer_decay=self.hparams.layer_decay,
         )

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
+
+log = logging.getLogger(__name__)
 
 
 def decay_groups(module: nn.Module, skip: set[str] | frozenset[str] = frozenset()) -> list[dict]:
@@ -26,9 +29,18 @@ def decay_groups(module: nn.Module, skip: set[str] | frozenset[str] = frozenset(
 def warmup_cosine(
     optimizer: Optimizer, total_steps: int, warmup_steps: int = 100, min_lr_ratio: float = 0.1
 ) -> LambdaLR:
-    """Linear warmup from 0 to each group's lr over ``warmup_steps``, then cosine down to
-    ``min_lr_ratio`` * lr at ``total_steps``. Per-group lrs (layer-wise decay) are scaled alike."""
+    """Linear warmup over ``warmup_steps`` (step s uses lr * (s + 1) / warmup_steps, so the first step
+    already moves and step warmup_steps - 1 reaches the peak), then cosine down to ``min_lr_ratio`` * lr at
+    ``total_steps``. Per-group lrs (layer-wise decay) are scaled alike."""
     total_steps = max(int(total_steps), 1)
+    if warmup_steps > total_steps:
+        log.warning(
+            "Warmup (%d steps) is longer than training (%d steps); warming up over %d steps instead. "
+            "Lower task.scheduler.warmup_steps or raise trainer.max_steps.",
+            warmup_steps,
+            total_steps,
+            total_steps,
+        )
     warmup_steps = min(int(warmup_steps), total_steps)
 
     def factor(step: int) -> float:
