@@ -26,27 +26,33 @@ from lit_transformers.text import Tokenizer
 log = logging.getLogger(__name__)
 
 
-def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """The primary model's weights from a Lightning checkpoint (keys ``model.*``) or a plain state dict."""
+def read_checkpoint(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"init_from={path} not found; pass a .ckpt from an earlier run")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    state = state.get("state_dict", state)
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def model_weights(checkpoint: Mapping) -> dict[str, torch.Tensor]:
+    """The primary model's weights from a Lightning checkpoint (keys ``model.*``) or a plain state dict."""
+    state = checkpoint.get("state_dict", checkpoint)
     # Lightning checkpoints name weights "<task attribute>.<name>" beside metric states
     if any(k.startswith("model.") for k in state):
         state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
     return state
 
 
-def load_weights(module: nn.Module, path: str | Path, new: tuple[str, ...] = ()) -> list[str]:
-    """Copy the weights at ``path`` into ``module``; returns the keys left as initialised.
+def load_weights(
+    module: nn.Module, path: str | Path, new: tuple[str, ...] = (), checkpoint: Mapping | None = None
+) -> list[str]:
+    """Copy the weights at ``path`` (already read: ``checkpoint``) into ``module``; returns the keys left as
+    initialised.
 
     Strict, except that keys under a prefix in ``new`` (heads the receiving task adds, e.g. a reward
     model's scalar head on a GPT checkpoint) may be absent from the checkpoint. Any other missing or
     unexpected key, or a shape mismatch, is an error that lists them.
     """
-    state = read_weights(path)
+    state = model_weights(read_checkpoint(path) if checkpoint is None else checkpoint)
     own = module.state_dict()
     missing = sorted(set(own) - set(state))
     fresh = [k for k in missing if k.startswith(new)] if new else []
@@ -203,14 +209,16 @@ class Task(L.LightningModule):
         for target, path in targets.items():
             prefix = f"{target}."
             new = tuple(h.removeprefix(prefix) for h in self.new_heads if h.startswith(prefix))
-            parent = Tokenizer.from_checkpoint(path) if str(path).endswith(".ckpt") else None
+            checkpoint = read_checkpoint(path)
+            parent_state = checkpoint.get("hyper_parameters", {}).get("tokenizer")
+            parent = Tokenizer.from_state(parent_state) if parent_state else None
             if parent is not None and self.tokenizer is not None and parent != self.tokenizer:
                 raise ValueError(
                     f"init_from={path} was trained with a different tokenizer ({parent.vocab_size} tokens) than "
                     f"this run's data ({self.tokenizer.vocab_size} tokens); set data.tokenizer_path={path} "
                     "to train with the parent's tokenizer"
                 )
-            fresh = load_weights(self.get_submodule(target), path, new)
+            fresh = load_weights(self.get_submodule(target), path, new, checkpoint)
             log.info(
                 "init_from: loaded %s into %s%s",
                 path,
