@@ -3,29 +3,23 @@
 
 from __future__ import annotations
 
-import pickle
-from pathlib import Path
-
 import hydra
 import torch
 from omegaconf import DictConfig
 
 from lit_transformers.tasks import CausalLMTask
+from lit_transformers.utils.checkpoints import check_task_fits, read_checkpoint
 from lit_transformers.utils.config import check_required
 from lit_transformers.utils.errors import report_user_errors
 
 
 def continuations(cfg: DictConfig) -> list[tuple[str, str]]:
-    if not Path(cfg.ckpt).is_file():
-        raise FileNotFoundError(f"Checkpoint ckpt={cfg.ckpt} not found; pass <run>/checkpoints/last.ckpt")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={cfg.device} but no CUDA GPU is visible; use device=cpu")
-    try:
-        task = CausalLMTask.load_from_checkpoint(cfg.ckpt, map_location=cfg.device, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, KeyError, TypeError) as err:
-        raise ValueError(
-            f"ckpt={cfg.ckpt} is not a causal-LM checkpoint written by train.py ({err})"
-        ) from err
+    check_task_fits(read_checkpoint(cfg.ckpt, "ckpt", cfg.trust_checkpoint), cfg.ckpt, CausalLMTask, "ckpt")
+    task = CausalLMTask.load_from_checkpoint(
+        cfg.ckpt, map_location=cfg.device, weights_only=not cfg.trust_checkpoint
+    )
     prompts = list(cfg.prompts) if cfg.prompts else [cfg.prompt]
     texts = task.sample(prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, seed=cfg.seed)
     return list(zip(prompts, texts))

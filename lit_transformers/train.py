@@ -11,6 +11,7 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from lit_transformers.utils.checkpoints import check_task_fits, read_checkpoint
 from lit_transformers.utils.config import (
     RESOLVED_CONFIG_ENV,
     ConfigError,
@@ -27,13 +28,18 @@ log = logging.getLogger(__name__)
 def train(cfg: DictConfig) -> dict[str, float]:
     """Fit and/or test as the config says; returns the final metrics (used by Hydra sweeps)."""
     L.seed_everything(cfg.seed, workers=True)
-    for key in ("ckpt_path", "init_from"):
-        if cfg.get(key) and not Path(cfg[key]).is_file():
-            raise FileNotFoundError(f"{key}={cfg[key]} not found; pass the path of a .ckpt file")
+    parents = cfg.init_from.values() if isinstance(cfg.init_from, DictConfig) else [cfg.init_from]
+    for key, path in [("ckpt_path", cfg.ckpt_path), *(("init_from", p) for p in parents)]:
+        if path and not Path(path).is_file():  # before any data preparation
+            raise FileNotFoundError(f"{key}={path} not found; pass the path of a .ckpt file")
 
     datamodule: L.LightningDataModule = instantiate(cfg.data, _convert_="all")
     # the task builds its models, optimizer and schedule from its plain config (kept as its hyperparameters)
     task: L.LightningModule = instantiate(cfg.task, _recursive_=False, _convert_="all")
+    if cfg.ckpt_path:
+        check_task_fits(
+            read_checkpoint(cfg.ckpt_path, "ckpt_path", cfg.trust_checkpoint), cfg.ckpt_path, task
+        )
     callbacks = instantiate_group(cfg.get("callbacks"), "callbacks")
     loggers = instantiate_group(cfg.get("logger"), "logger")
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
@@ -44,7 +50,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     try:
         if cfg.train:
             # hyperparameters are plain data, so checkpoints load without unpickling arbitrary objects
-            trainer.fit(task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=True)
+            trainer.fit(
+                task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=not cfg.trust_checkpoint
+            )
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         if cfg.test:
             best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
@@ -53,7 +61,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 log.warning(
                     "No checkpoint to test (fast_dev_run, or train=false without ckpt_path): testing the current weights"
                 )
-            trainer.test(task, datamodule=datamodule, ckpt_path=weights or None, weights_only=True)
+            trainer.test(
+                task, datamodule=datamodule, ckpt_path=weights or None, weights_only=not cfg.trust_checkpoint
+            )
             metrics |= {k: float(v) for k, v in trainer.callback_metrics.items()}
         if cfg.get("sample") and hasattr(task, "sample"):
             # every rank generates (an FSDP forward needs them all); rank 0 prints

@@ -45,24 +45,29 @@ def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
+def compose_train_cfg(*overrides: str, output_dir: Path, cache_dir: Path, resolve: bool = True) -> DictConfig:
+    """The composed train config (as train.py composes it), writing into output_dir."""
+    GlobalHydra.instance().clear()
+    with initialize_config_module("lit_transformers.conf", version_base="1.3"):
+        cfg = compose(
+            "train", overrides=[f"paths.cache_dir={cache_dir}", *overrides], return_hydra_config=True
+        )
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(output_dir)
+        cfg.paths.log_dir = str(output_dir)
+        del cfg.hydra  # read-only; its values live on in HydraConfig for ${hydra:...}
+    if resolve:
+        OmegaConf.resolve(cfg)
+    return cfg
+
+
 @pytest.fixture
 def compose_cfg(tmp_path, cache_dir):
     """compose_cfg(*overrides) -> the composed train config, resolved, writing into tmp_path."""
 
     def _compose(*overrides: str, resolve: bool = True) -> DictConfig:
-        GlobalHydra.instance().clear()
-        with initialize_config_module("lit_transformers.conf", version_base="1.3"):
-            cfg = compose(
-                "train", overrides=[f"paths.cache_dir={cache_dir}", *overrides], return_hydra_config=True
-            )
-        HydraConfig.instance().set_config(cfg)
-        with open_dict(cfg):
-            cfg.paths.output_dir = str(tmp_path)
-            cfg.paths.log_dir = str(tmp_path)
-            del cfg.hydra  # read-only; its values live on in HydraConfig for ${hydra:...}
-        if resolve:
-            OmegaConf.resolve(cfg)
-        return cfg
+        return compose_train_cfg(*overrides, output_dir=tmp_path, cache_dir=cache_dir, resolve=resolve)
 
     yield _compose
     GlobalHydra.instance().clear()

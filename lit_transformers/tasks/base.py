@@ -22,15 +22,9 @@ from torchmetrics import Metric
 
 from lit_transformers.tasks.optim import decay_groups
 from lit_transformers.text import Tokenizer
+from lit_transformers.utils.checkpoints import read_checkpoint
 
 log = logging.getLogger(__name__)
-
-
-def read_checkpoint(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"init_from={path} not found; pass a .ckpt from an earlier run")
-    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def model_weights(checkpoint: Mapping) -> dict[str, torch.Tensor]:
@@ -52,7 +46,7 @@ def load_weights(
     model's scalar head on a GPT checkpoint) may be absent from the checkpoint. Any other missing or
     unexpected key, or a shape mismatch, is an error that lists them.
     """
-    state = model_weights(read_checkpoint(path) if checkpoint is None else checkpoint)
+    state = model_weights(read_checkpoint(path, "init_from") if checkpoint is None else checkpoint)
     own = module.state_dict()
     missing = sorted(set(own) - set(state))
     fresh = [k for k in missing if k.startswith(new)] if new else []
@@ -118,6 +112,7 @@ class Task(L.LightningModule):
         compile: ``torch.compile`` the trainable models.
         tokenizer: the tokenizer's plain state; text tasks set it from the datamodule, and checkpoints
             carry it, so a reloaded task tokenizes exactly as in training.
+        trust_checkpoint: allow ``init_from`` files that need arbitrary unpickling (trusted files only).
     """
 
     new_heads: tuple[
@@ -132,6 +127,7 @@ class Task(L.LightningModule):
         init_from: str | dict | None = None,
         compile: bool = False,
         tokenizer: dict | None = None,
+        trust_checkpoint: bool = False,
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)  # here, so no subclass can forget it: includes their args
@@ -209,7 +205,7 @@ class Task(L.LightningModule):
         for target, path in targets.items():
             prefix = f"{target}."
             new = tuple(h.removeprefix(prefix) for h in self.new_heads if h.startswith(prefix))
-            checkpoint = read_checkpoint(path)
+            checkpoint = read_checkpoint(path, "init_from", self.hparams.trust_checkpoint)
             parent_state = checkpoint.get("hyper_parameters", {}).get("tokenizer")
             parent = Tokenizer.from_state(parent_state) if parent_state else None
             if parent is not None and self.tokenizer is not None and parent != self.tokenizer:
@@ -276,6 +272,12 @@ class Task(L.LightningModule):
         if value is not None and not self.trainer.sanity_checking:
             tracker(value)
             self.log(f"{key}_best", tracker.compute(), sync_dist=True)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        cls = type(self)
+        checkpoint["task_class"] = (
+            f"{cls.__module__}.{cls.__qualname__}"  # named when a run loads the wrong file
+        )
 
     def on_fit_start(self) -> None:
         checkpoints = self.trainer.checkpoint_callback

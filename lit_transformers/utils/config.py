@@ -28,7 +28,7 @@ def check_required(cfg: DictConfig) -> None:
 
 
 # the run flags train.yaml owns; groups are checked against the signatures of their _target_s
-TOP_LEVEL_TYPES = {"seed": int, "train": bool, "test": bool, "compile": bool}
+TOP_LEVEL_TYPES = {"seed": int, "train": bool, "test": bool, "compile": bool, "trust_checkpoint": bool}
 
 
 def _numeric_only(annotation) -> bool:
