@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from lit_transformers.data.image_io import open_image
 from lit_transformers.data.images import Transformed, build_transform, load_image_splits, make_loader
 from lit_transformers.data.tokenizer import Tokenizer
 
@@ -84,8 +85,7 @@ class ImageFiles(Dataset):
         return len(self.paths)
 
     def __getitem__(self, i: int) -> tuple[Image.Image, int]:
-        with Image.open(self.paths[i]) as image:
-            return image.convert("RGB"), -1
+        return open_image(self.paths[i]), -1
 
 
 class CaptionDataset(Dataset):
