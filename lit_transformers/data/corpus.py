@@ -117,7 +117,21 @@ def _documents_from_hub(spec: CorpusSpec) -> list[Document]:
         dataset = datasets.load_from_disk(spec.name)
         dataset = dataset[spec.split] if isinstance(dataset, datasets.DatasetDict) else dataset
     else:
-        dataset = datasets.load_dataset(spec.name, spec.subset, data_files=spec.data_files, split=spec.split)
+        try:
+            dataset = datasets.load_dataset(
+                spec.name, spec.subset, data_files=spec.data_files, split=spec.split
+            )
+        except ConnectionError as err:  # what load_dataset raises offline, HF_HUB_OFFLINE=1 included
+            raise FileNotFoundError(
+                f"Dataset {spec.name!r} could not be reached on the Hugging Face Hub ({err}); use a local copy: "
+                "data.corpus.name=<folder written by Dataset.save_to_disk>, or data.corpus.name=text "
+                "data.corpus.data_files=<your .txt files>"
+            ) from err
+        except FileNotFoundError as err:  # datasets.exceptions.DatasetNotFoundError, missing data_files
+            raise FileNotFoundError(
+                f"Dataset {spec.name!r} not found ({err}); check data.corpus.name (a Hub dataset or a "
+                "Dataset.save_to_disk folder) and data.corpus.data_files"
+            ) from err
     if spec.text_field not in dataset.column_names:
         raise KeyError(
             f"Dataset {spec.name} has no column {spec.text_field!r}; set data.corpus.text_field to one of "
