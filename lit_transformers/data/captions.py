@@ -18,6 +18,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from lit_transformers.data.checks import check_batch_size
 from lit_transformers.data.image_io import open_image
 from lit_transformers.data.images import Transformed, build_transform, load_image_splits, make_loader
 from lit_transformers.data.tokenizer import Tokenizer
@@ -137,6 +138,7 @@ class CaptionDataModule(L.LightningDataModule):
         seed: int = 0,
     ):
         super().__init__()
+        check_batch_size(batch_size)
         self.save_hyperparameters()
         self.datasets: dict[str, CaptionDataset] = {}
         self.tokenizer: Tokenizer | None = None

@@ -19,6 +19,7 @@ from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from torchvision import datasets, transforms
 
+from lit_transformers.data.checks import check_batch_size
 from lit_transformers.data.image_io import SkipUnreadable, open_image
 
 SOURCES = ("digits", "folder", "cifar10", "cifar100", "mnist")
@@ -241,6 +242,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
         seed: int = 0,
     ):
         super().__init__()
+        check_batch_size(batch_size)
         self.save_hyperparameters()
         self.datasets: dict[str, Dataset] = {}
         self.class_names: list[str] = []
