@@ -99,7 +99,7 @@ def _read_text(file: Path, encoding: str) -> str:
             "(or the file's encoding, e.g. cp1252)"
         )
     log.warning(
-        "Corpus file %s: %d byte sequences that are not %s were replaced by U+FFFD", file, replaced, encoding
+        "Corpus file %s: %d byte(s) that are not valid %s were replaced by U+FFFD", file, replaced, encoding
     )
     return text
 
