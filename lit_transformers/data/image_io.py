@@ -11,12 +11,16 @@ from torch.utils.data import Dataset
 
 log = logging.getLogger(__name__)
 
-TRANSPARENT_MODES = ("RGBA", "LA", "PA", "RGBa", "La")  # modes with an alpha band; P/L/RGB may carry a
-# transparent colour in info["transparency"] instead (GIF, palette PNG)
+# modes with an alpha band; P, L and RGB images mark a transparent colour in info["transparency"] instead
+TRANSPARENT_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 
 
 class UnreadableImageError(ValueError):
-    """An image file PIL cannot decode (not an image, truncated, corrupt); the message names the file."""
+    """An image file PIL cannot decode (not an image, truncated, corrupt); the message names the file.
+
+    A ValueError (a problem with the user's data), so should one escape ``SkipUnreadable``, ``train.py``
+    reports it in one paragraph.
+    """
 
     def __init__(self, path: str | Path, reason: Exception):
         super().__init__(f"Image {path} cannot be read ({type(reason).__name__}: {reason})")
