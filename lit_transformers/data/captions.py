@@ -21,6 +21,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from lit_transformers.data.checks import check_batch_size
+from lit_transformers.data.image_io import open_image
 from lit_transformers.data.images import Transformed, build_transform, load_image_splits, make_loader
 from lit_transformers.text import Tokenizer, eos_terminated, split_by_fractions
 
@@ -78,8 +80,7 @@ class ImageFiles(Dataset):
         return len(self.paths)
 
     def __getitem__(self, i: int) -> tuple[Image.Image, int]:
-        with Image.open(self.paths[i]) as image:
-            return image.convert("RGB"), -1
+        return open_image(self.paths[i]), -1
 
 
 class CaptionDataset(Dataset):
@@ -134,6 +135,7 @@ class CaptionDataModule(L.LightningDataModule):
         cache_dir: str = "~/.cache/lit_transformers",
     ):
         super().__init__()
+        check_batch_size(batch_size)
         self.save_hyperparameters()
         self.datasets: dict[str, CaptionDataset] = {}
         self.tokenizer: Tokenizer | None = None

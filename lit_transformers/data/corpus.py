@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
+import logging
 import re
 import sys
 from dataclasses import dataclass
@@ -14,6 +16,8 @@ from lit_transformers.text import split_by_fractions
 Document = tuple[str, str]
 SOURCES = ("pydoc", "path", "hub")
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class CorpusSpec:
@@ -23,6 +27,7 @@ class CorpusSpec:
         "pydoc"  # pydoc: CPython's bundled reference docs | path: a .txt file or folder | hub: HF datasets
     )
     path: str | None = None  # file or folder, for source=path
+    encoding: str = "utf-8"  # text encoding of the source=path files, e.g. latin-1
     name: str | None = None  # dataset name or save_to_disk folder, for source=hub
     subset: str | None = None  # dataset configuration, e.g. wikitext-2-raw-v1 for name=wikitext
     data_files: str | None = None  # optional data_files for load_dataset (e.g. name=text with local files)
@@ -36,7 +41,7 @@ def load_documents(spec: CorpusSpec) -> list[Document]:
 
         docs = sorted(topics.items())
     elif spec.source == "path":
-        docs = _documents_from_path(spec.path)
+        docs = _documents_from_path(spec.path, spec.encoding)
     elif spec.source == "hub":
         docs = _documents_from_hub(spec)
     else:
@@ -47,9 +52,15 @@ def load_documents(spec: CorpusSpec) -> list[Document]:
     return docs
 
 
-def _documents_from_path(path: str | None) -> list[Document]:
+def _documents_from_path(path: str | None, encoding: str) -> list[Document]:
     if not path:
         raise ValueError("data.corpus.source=path needs data.corpus.path=<file.txt or folder of .txt files>")
+    try:
+        codecs.lookup(encoding)
+    except LookupError as err:
+        raise ValueError(
+            f"Unknown data.corpus.encoding={encoding!r}; set it to a Python codec name such as utf-8 or latin-1"
+        ) from err
     root = Path(path).expanduser()
     if root.is_dir():
         files = sorted(root.rglob("*.txt"))
@@ -57,13 +68,42 @@ def _documents_from_path(path: str | None) -> list[Document]:
             raise FileNotFoundError(
                 f"No .txt files under {root}; set data.corpus.path to a folder with .txt files"
             )
-        return [(str(f.relative_to(root)), f.read_text(encoding="utf-8", errors="replace")) for f in files]
+        return [(str(f.relative_to(root)), _read_text(f, encoding)) for f in files]
     if root.is_file():
         # one file: its blank-line separated paragraphs are the documents of the split
-        text = root.read_text(encoding="utf-8", errors="replace")
+        text = _read_text(root, encoding)
         paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
         return [(f"{root.name}:{i}", p + "\n\n") for i, p in enumerate(paragraphs)]
     raise FileNotFoundError(f"Data file {root} not found; set data.corpus.path=<file.txt or folder>")
+
+
+def _read_text(file: Path, encoding: str) -> str:
+    """The file's text; refuses binary files and text in another encoding, naming the file and the fix."""
+    try:
+        text, bad = file.read_text(encoding=encoding), None
+    except UnicodeDecodeError as err:
+        text, bad = file.read_text(encoding=encoding, errors="replace"), err
+    if "\x00" in text:  # text never holds NUL; binaries (and UTF-16 read as UTF-8) are full of them
+        raise ValueError(
+            f"Corpus file {file} is not text: it contains NUL bytes, as binary files do; point "
+            "data.corpus.path at text files (for UTF-16 text, set data.corpus.encoding=utf-16)"
+        )
+    if bad is None:
+        return text
+    # A wrong encoding garbles most non-ASCII characters (latin-1 accents are single bytes, invalid in UTF-8);
+    # a few stray bytes in otherwise valid text (common in scraped corpora) are kept as U+FFFD, with a warning.
+    replaced = text.count("\ufffd")
+    non_ascii = len(text) - len(text.encode("ascii", errors="ignore"))
+    if 2 * replaced > non_ascii:
+        raise ValueError(
+            f"Corpus file {file} is not {encoding} text: {replaced} of its {non_ascii} non-ASCII characters "
+            f"cannot be decoded (the first at byte {bad.start}); set data.corpus.encoding=latin-1 "
+            "(or the file's encoding, e.g. cp1252)"
+        )
+    log.warning(
+        "Corpus file %s: %d byte(s) that are not valid %s were replaced by U+FFFD", file, replaced, encoding
+    )
+    return text
 
 
 def _documents_from_hub(spec: CorpusSpec) -> list[Document]:
@@ -79,7 +119,21 @@ def _documents_from_hub(spec: CorpusSpec) -> list[Document]:
         dataset = datasets.load_from_disk(spec.name)
         dataset = dataset[spec.split] if isinstance(dataset, datasets.DatasetDict) else dataset
     else:
-        dataset = datasets.load_dataset(spec.name, spec.subset, data_files=spec.data_files, split=spec.split)
+        try:
+            dataset = datasets.load_dataset(
+                spec.name, spec.subset, data_files=spec.data_files, split=spec.split
+            )
+        except ConnectionError as err:  # what load_dataset raises offline, HF_HUB_OFFLINE=1 included
+            raise FileNotFoundError(
+                f"Dataset {spec.name!r} could not be reached on the Hugging Face Hub ({err}); use a local copy: "
+                "data.corpus.name=<folder written by Dataset.save_to_disk>, or data.corpus.name=text "
+                "data.corpus.data_files=<your .txt files>"
+            ) from err
+        except FileNotFoundError as err:  # datasets.exceptions.DatasetNotFoundError, missing data_files
+            raise FileNotFoundError(
+                f"Dataset {spec.name!r} not found ({err}); check data.corpus.name (a Hub dataset or a "
+                "Dataset.save_to_disk folder) and data.corpus.data_files"
+            ) from err
     if spec.text_field not in dataset.column_names:
         raise KeyError(
             f"Dataset {spec.name} has no column {spec.text_field!r}; set data.corpus.text_field to one of "

@@ -19,6 +19,9 @@ from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from torchvision import datasets, transforms
 
+from lit_transformers.data.checks import check_batch_size
+from lit_transformers.data.image_io import SkipUnreadable, open_image
+
 SOURCES = ("digits", "folder", "cifar10", "cifar100", "mnist")
 TORCHVISION = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100, "mnist": datasets.MNIST}
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -78,12 +81,16 @@ def _folder_splits(root: Path, val_fraction: float, test_fraction: float, seed: 
     if not root.is_dir():
         raise FileNotFoundError(f"Image folder {root} not found; set data.root=<folder of class subfolders>")
     if not (root / "train").is_dir():  # one class-folder tree: split it
-        full = datasets.ImageFolder(root)
+        full = datasets.ImageFolder(root, loader=open_image)
         parts = stratified_split(full.targets, val_fraction, test_fraction, seed)
         return {k: Subset(full, v) for k, v in parts.items()}, full.classes
     if not (root / "val").is_dir():
         raise FileNotFoundError(f"{root}/train exists but {root}/val does not; add a val/ folder")
-    found = {s: datasets.ImageFolder(root / s) for s in ("train", "val", "test") if (root / s).is_dir()}
+    found = {
+        s: datasets.ImageFolder(root / s, loader=open_image)
+        for s in ("train", "val", "test")
+        if (root / s).is_dir()
+    }
     found.setdefault("test", found["val"])
     if found["val"].classes != found["train"].classes:
         raise ValueError(f"Class folders differ between {root}/train and {root}/val")
@@ -195,7 +202,7 @@ def make_loader(
     drop_last: bool = False,
 ) -> DataLoader:
     return DataLoader(
-        dataset,
+        SkipUnreadable(dataset),
         batch_size=batch_size,
         shuffle=train,
         num_workers=num_workers,
@@ -235,6 +242,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
         seed: int = 0,
     ):
         super().__init__()
+        check_batch_size(batch_size)
         self.save_hyperparameters()
         self.datasets: dict[str, Dataset] = {}
         self.class_names: list[str] = []

@@ -11,6 +11,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from lit_transformers.data.checks import check_batch_size
 from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents, split_documents
 from lit_transformers.text import Tokenizer
 
@@ -47,6 +48,7 @@ class CausalLMDataModule(L.LightningDataModule):
         cache_dir: str = "~/.cache/lit_transformers",
     ):
         super().__init__()
+        check_batch_size(batch_size)
         self.save_hyperparameters()
         self.corpus = CorpusSpec(**(corpus or {}))
         self.tokenizer: Tokenizer | None = None
