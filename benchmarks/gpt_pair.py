@@ -21,7 +21,8 @@ def add_model_args(p: argparse.ArgumentParser, block_size: int, block_size_help:
 
 
 def same_weight_pair(args: argparse.Namespace) -> tuple[GPT, torch.nn.Module]:
-    """Ours and ``transformers.GPT2LMHeadModel`` exported from it (Conv1D, gelu_new, HF's attention path)."""
+    """Ours and ``transformers.GPT2LMHeadModel`` exported from it (Conv1D, HF's attention path), computing
+    the same function: HF's activation is ATen's GELU, exact or tanh like ours (``args.activation``)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -32,6 +33,13 @@ def same_weight_pair(args: argparse.Namespace) -> tuple[GPT, torch.nn.Module]:
         n_head=args.n_head,
         d_model=args.d_model,
         dropout=0.0,
+        activation=getattr(args, "activation", "gelu"),
     )
     ours = GPT(config)
-    return ours, ours.to_hf()
+    hf = ours.to_hf()
+    if config.activation == "gelu_tanh":  # to_hf writes GPT-2's gelu_new, a slower Python version of the same
+        from transformers.activations import ACT2FN
+
+        for block in hf.transformer.h:
+            block.mlp.act = ACT2FN["gelu_pytorch_tanh"]
+    return ours, hf

@@ -1,43 +1,57 @@
-"""Training-step throughput of our GPT vs ``transformers.GPT2LMHeadModel`` at an identical config.
+"""Training-step throughput of our GPT against two peers holding the same weights, on the same batches:
 
-    python benchmarks/gpt_step.py                 # eager, defaults: 6 layers, d_model 384, context 256
-    python benchmarks/gpt_step.py --compile       # torch.compile both models (our config: task.compile=true)
-    python benchmarks/gpt_step.py --compile ours  # our compiled model vs HF eager
+- ``hf``: ``transformers.GPT2LMHeadModel`` at identical numerics (its activation is ATen's, as ours:
+  ``gelu`` or ``gelu_pytorch_tanh``; HF's default ``gelu_new`` is Python code and would flatter us);
+- ``nanogpt``: nanoGPT's ``model.py`` architecture, re-created in ``nanogpt.py`` (fused QKV, SDPA, exact GELU,
+  tied head), compared when our activation is ``gelu`` (the default).
 
-Both models start from the same weights (ours exported with ``to_hf``), see the same batches, use the
-same loss (next-token cross-entropy on the logits) and the same AdamW settings. Runs alternate between
-the two models; the ratio printed is the median over repeats. Also prints model FLOPs utilisation:
-achieved training FLOP/s (6 N per token + the attention term) over this machine's measured fp32 matmul FLOP/s.
+    python benchmarks/gpt_step.py                                  # batch 4, 8, 16 x context 256, 512
+    python benchmarks/gpt_step.py --batch-sizes 16 --block-sizes 256 --rounds 8
+    python benchmarks/gpt_step.py --activation gelu_tanh           # GPT-2's activation (no nanoGPT peer)
+
+Every model steps the same AdamW (fused where torch supports it, our default; ``--no-fused`` for the
+for-each path) on the same loss. Rounds rotate the order of the models; a round in which other processes
+used the CPU (from ``/proc/stat``) is discarded and counted, since this machine is shared. Prints tokens/s
+(median over kept rounds), ours/peer ratios, and model FLOPs utilisation against a large-matmul rate
+measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
+from nanogpt import NanoGPT
 
 from gpt_pair import add_model_args, same_weight_pair
 
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(p, block_size=256, block_size_help="context length of every training sequence")
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per run")
-    p.add_argument("--repeats", type=int, default=5, help="alternating (ours, HF) run pairs")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per model before timing")
-    p.add_argument(
-        "--compile",
-        nargs="?",
-        const="both",
-        choices=["both", "ours"],
-        default=None,
-        help="torch.compile both models (default when given) or only ours (task.compile=true) vs eager HF",
-    )
+    add_model_args(p, block_size=256, block_size_help="(unused: see --block-sizes)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--block-sizes", type=int, nargs="+", default=[256, 512])
+    p.add_argument("--activation", default="gelu", choices=["gelu", "gelu_tanh"])
+    p.add_argument("--no-fused", action="store_true", help="AdamW's for-each path instead of fused")
+    p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per model per round")
+    p.add_argument("--rounds", type=int, default=5, help="kept rounds per configuration")
+    p.add_argument("--max-rounds", type=int, default=40, help="give up after this many rounds (busy machine)")
+    p.add_argument("--busy", type=float, default=0.05, help="discard a round when others used this CPU share")
     return p.parse_args()
+
+
+def cpu_jiffies() -> tuple[int, int]:
+    """(non-idle jiffies of the whole machine, jiffies of this process) so far."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    machine = sum(fields) - fields[3] - fields[4]  # minus idle and iowait
+    with open("/proc/self/stat") as f:
+        own = f.read().rsplit(")", 1)[1].split()
+    return machine, int(own[11]) + int(own[12])  # utime + stime (all threads)
 
 
 def matmul_flops(n: int = 2048, repeats: int = 5) -> float:
@@ -52,76 +66,89 @@ def matmul_flops(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / best
 
 
-def make_step(model, logits_of, optimizer):
+def make_step(model, logits_of, fused: bool):
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=fused
+    )
+
     def step(x, y):
-        logits = logits_of(model, x)  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        loss = F.cross_entropy(logits_of(model, x).flatten(0, 1), y.flatten())
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return loss
 
     return step
 
 
-def timed(step, batches) -> float:
-    t0 = time.perf_counter()
-    for x, y in batches:
-        step(x, y)
-    return time.perf_counter() - t0
-
-
-def main() -> None:
-    args = parse_args()
+def measure(args, batch_size: int, block_size: int, peak: float) -> None:
+    args.block_size = block_size
     ours, hf = same_weight_pair(args)
-    ours, hf = ours.train(), hf.train()
     models = {
         "ours": (ours, lambda m, x: m(x)),
         "hf": (hf, lambda m, x: m(input_ids=x, use_cache=False).logits),
     }
-    steps = {}
-    for name, (model, logits_of) in models.items():
-        # identical optimizer settings for both (torch's default multi-tensor AdamW on CPU)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
-        if args.compile == "both" or (args.compile == "ours" and name == "ours"):
-            model = torch.compile(model)
-        steps[name] = make_step(model, logits_of, optimizer)
-
+    if args.activation == "gelu":
+        models["nanogpt"] = (NanoGPT.from_ours(ours), lambda m, x: m(x))
+    steps = {name: make_step(m.train(), fn, not args.no_fused) for name, (m, fn) in models.items()}
     g = torch.Generator().manual_seed(0)
-    data = torch.randint(0, args.vocab_size, (args.steps, args.batch_size, args.block_size + 1), generator=g)
+    data = torch.randint(0, args.vocab_size, (args.steps, batch_size, block_size + 1), generator=g)
     batches = [(d[:, :-1].contiguous(), d[:, 1:].contiguous()) for d in data]
-    for step in steps.values():
-        timed(step, batches[:1] * args.warmup)
+    for step in steps.values():  # warm-up: allocator, optimizer state
+        step(*batches[0])
 
-    tokens = args.steps * args.batch_size * args.block_size
-    rates = {"ours": [], "hf": []}
-    for r in range(args.repeats):
-        order = ("ours", "hf") if r % 2 == 0 else ("hf", "ours")  # alternate who runs first
+    names, rates, busy = list(steps), {name: [] for name in steps}, 0
+    tokens = args.steps * batch_size * block_size
+    for r in range(args.max_rounds):
+        if len(rates["ours"]) == args.rounds:
+            break
+        order = names[r % len(names) :] + names[: r % len(names)]  # rotate who runs first
+        machine0, own0 = cpu_jiffies()
+        times = {}
         for name in order:
-            rates[name].append(tokens / timed(steps[name], batches))
-    ratios = [o / h for o, h in zip(rates["ours"], rates["hf"])]
+            t0 = time.perf_counter()
+            for x, y in batches:
+                steps[name](x, y)
+            times[name] = time.perf_counter() - t0
+        machine1, own1 = cpu_jiffies()
+        wall = sum(times.values())
+        others = (machine1 - machine0) - (own1 - own0)  # jiffies (1/100 s) used by other processes
+        if others / 100 > args.busy * wall * os.cpu_count():
+            busy += 1
+            continue
+        for name, seconds in times.items():
+            rates[name].append(tokens / seconds)
 
-    n_params = ours.num_params(non_embedding=True)  # tied token embedding counted once (it is the LM head)
-    L, T, d = args.n_layer, args.block_size, args.d_model
-    flops_per_token = 6 * n_params + 12 * L * T * d  # forward+backward matmuls + attention scores/values
-    peak = matmul_flops()
-    mode = {None: "eager", "both": "torch.compile both", "ours": "torch.compile ours, HF eager"}[args.compile]
-    print(f"\nGPT training step  ({mode}, fp32, {torch.get_num_threads()} threads)")
+    n_params = ours.num_params(non_embedding=True)
+    flops = ours.flops_per_token()
     print(
-        f"config: n_layer={L} d_model={d} n_head={args.n_head} block_size={T} vocab={args.vocab_size} "
-        f"batch={args.batch_size}  params={n_params / 1e6:.2f}M  steps/run={args.steps} repeats={args.repeats}"
+        f"\nbatch {batch_size} x context {block_size}  ({n_params / 1e6:.2f}M params, {flops / 1e6:.1f} MFLOP/token)"
     )
-    print(f"{'model':<8}{'median tok/s':>14}{'min':>10}{'max':>10}{'TFLOP/s':>10}{'MFU':>8}")
-    for name in ("ours", "hf"):
-        med = statistics.median(rates[name])
-        achieved = med * flops_per_token
+    if not rates["ours"]:
+        print(f"  every one of {busy} rounds ran while the machine was busy; nothing measured")
+        return
+    print(f"  kept {len(rates['ours'])} rounds, discarded {busy} busy ones")
+    print(f"  {'model':<9}{'median tok/s':>13}{'min':>9}{'max':>9}{'MFU':>8}{'ours/model':>12}")
+    for name, values in rates.items():
+        med = statistics.median(values)
+        ratios = [o / v for o, v in zip(rates["ours"], values)]
         print(
-            f"{name:<8}{med:>14.0f}{min(rates[name]):>10.0f}{max(rates[name]):>10.0f}"
-            f"{achieved / 1e12:>10.3f}{achieved / peak:>8.1%}"
+            f"  {name:<9}{med:>13.0f}{min(values):>9.0f}{max(values):>9.0f}{med * flops / peak:>8.1%}"
+            f"{statistics.median(ratios):>11.3f}x"
         )
-    print(f"measured fp32 matmul peak (2048^3): {peak / 1e12:.3f} TFLOP/s")
-    print(f"ratio ours/hf per repeat: {' '.join(f'{x:.3f}' for x in ratios)}")
-    print(f"median speedup ours/hf: {statistics.median(ratios):.3f}x  (target >= 1.1x)")
+
+
+def main() -> None:
+    args = parse_args()
+    peak = matmul_flops()
+    print(
+        f"GPT training step, fp32, {torch.get_num_threads()} threads, activation {args.activation}, "
+        f"AdamW {'for-each' if args.no_fused else 'fused'}; n_layer={args.n_layer} d_model={args.d_model} "
+        f"n_head={args.n_head} vocab={args.vocab_size}"
+    )
+    print(f"measured fp32 matmul rate (2048^3): {peak / 1e12:.3f} TFLOP/s = MFU 100%")
+    for batch_size in args.batch_sizes:
+        for block_size in args.block_sizes:
+            measure(args, batch_size, block_size, peak)
 
 
 if __name__ == "__main__":

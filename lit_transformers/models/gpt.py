@@ -22,7 +22,7 @@ class GPTConfig:
     d_ff: int | None = None  # FFN width; None means 4 * d_model
     dropout: float = 0.0  # residual, embedding and attention dropout
     bias: bool = True  # biases in Linear and LayerNorm (GPT-2: True)
-    activation: str = "gelu_tanh"  # GPT-2 uses the tanh approximation ("gelu_new")
+    activation: str = "gelu"  # exact GELU (nanoGPT); GPT-2 checkpoints use "gelu_tanh" (from_hf sets it)
     position: str = "learned"  # learned | sinusoidal | rope
     tie_embeddings: bool = True  # share token embedding and output projection (GPT-2, Press & Wolf 2017)
     norm_eps: float = 1e-5
@@ -80,6 +80,12 @@ class GPT(nn.Module):
         if non_embedding and isinstance(self.pos_emb, nn.Module):
             n -= sum(p.numel() for p in self.pos_emb.parameters())
         return n
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token at full context: 6 per weight (forward + backward matmuls) plus the
+        attention scores and weighted values, 12 * n_layer * block_size * d_model (PaLM, appendix B)."""
+        c = self.config
+        return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.block_size * c.d_model
 
     def new_caches(self, batch_size: int, max_len: int, device=None, dtype=None) -> list[LayerCache]:
         """Empty per-layer KV caches for incremental decoding (see ``lit_transformers.nn.generate``)."""
