@@ -235,7 +235,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
         seed: int = 0,
     ):
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # the run logs its whole config once, in train.py
         self.datasets: dict[str, Dataset] = {}
         self.class_names: list[str] = []
 

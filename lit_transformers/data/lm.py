@@ -46,7 +46,7 @@ class CausalLMDataModule(L.LightningDataModule):
         cache_dir: str = "~/.cache/lit_transformers",
     ):
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # the run logs its whole config once, in train.py
         self.corpus = CorpusSpec(**(corpus or {}))
         self.tokenizer: Tokenizer | None = None
         self.datasets: dict[str, TokenWindows] = {}
