@@ -8,6 +8,8 @@ from pathlib import Path
 
 import hydra
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -21,8 +23,48 @@ from lit_transformers.utils.config import (
     resolve_once,
 )
 from lit_transformers.utils.errors import report_user_errors
+from lit_transformers.utils.run_folder import keep_earlier_csv_logs, remove_if_only_config
+from lit_transformers.utils.run_report import report_interruptions, run_summary
 
 log = logging.getLogger(__name__)
+
+
+def checkpoint_to_test(cfg: DictConfig, trainer: L.Trainer) -> str | None:
+    """The best checkpoint of this training, or ``ckpt_path`` when not training (``train=false ckpt_path=X``
+    evaluates X); None, with a warning that says why, when the current weights are all there is."""
+    checkpoints = trainer.checkpoint_callback
+    if not cfg.train:
+        weights = cfg.ckpt_path
+    else:  # not ckpt_path: that is where a resumed training started, not where it ended
+        weights = checkpoints.best_model_path if checkpoints else None
+    if weights:
+        return weights
+    if not cfg.train:
+        why = "train=false without ckpt_path; pass ckpt_path=<run>/checkpoints/<name>.ckpt"
+    elif trainer.fast_dev_run:
+        why = "fast_dev_run saves none"
+    elif checkpoints is None:
+        why = "checkpointing is off (trainer.enable_checkpointing=false)"
+    elif not trainer.enable_validation:
+        why = "validation is off, so none was judged best"
+    else:
+        why = f"none was kept as best (save_top_k={checkpoints.save_top_k})"
+    log.warning("No checkpoint to test: %s. Testing the weights as they are", why)
+    return None
+
+
+def optimized_value(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
+    """The number a Hydra sweeper optimizes. A sweep cannot go on without it; a single run only warns."""
+    metric = cfg.get("optimized_metric")
+    if not metric:
+        return None
+    if metric in metrics:
+        return metrics[metric]
+    message = f"optimized_metric={metric} was not logged; choose one of {sorted(metrics)}"
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        raise ConfigError(message)
+    log.warning(message)
+    return None
 
 
 def train(cfg: DictConfig) -> dict[str, float]:
@@ -54,13 +96,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=not cfg.trust_checkpoint
             )
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+        # now: testing a checkpoint loads the checkpoint callback's state from it, an older last_model_path too
+        where = run_summary(trainer, loggers, cfg.paths.output_dir) if trainer.is_global_zero else ""
         if cfg.test:
-            best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-            weights = best or cfg.ckpt_path  # train=false ckpt_path=X evaluates X
-            if not weights:
-                log.warning(
-                    "No checkpoint to test (fast_dev_run, or train=false without ckpt_path): testing the current weights"
-                )
+            weights = checkpoint_to_test(cfg, trainer)
             trainer.test(
                 task, datamodule=datamodule, ckpt_path=weights or None, weights_only=not cfg.trust_checkpoint
             )
@@ -71,6 +110,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
             if trainer.is_global_zero:
                 for prompt, text in zip(cfg.sample.prompts, texts):
                     print(f"\n--- sample ---\n{prompt}{text}")
+        if trainer.is_global_zero:
+            print(f"\n{where}")
     finally:
         for logger in loggers:
             if isinstance(logger, L.pytorch.loggers.WandbLogger):
@@ -84,20 +125,20 @@ def train(cfg: DictConfig) -> dict[str, float]:
 def main(cfg: DictConfig) -> float | None:
     launched_here = RESOLVED_CONFIG_ENV not in os.environ
     try:
-        with report_user_errors():
+        with report_interruptions(), report_user_errors():
             check_required(cfg)
             check_types(cfg)
+            if launched_here:
+                keep_earlier_csv_logs(cfg)
             cfg = resolve_once(cfg)
-            metrics = train(cfg)
-            metric = cfg.get("optimized_metric")
-            if metric and metric not in metrics:
-                raise ConfigError(
-                    f"optimized_metric={metric} was not logged; choose one of {sorted(metrics)}"
-                )
+            return optimized_value(cfg, train(cfg))
+    except BaseException:
+        if launched_here:  # a run that failed before producing anything leaves no folder behind
+            remove_if_only_config(Path(HydraConfig.get().runtime.output_dir))
+        raise
     finally:
         if launched_here:  # the next job of a multirun resolves its own config
             os.environ.pop(RESOLVED_CONFIG_ENV, None)
-    return metrics.get(metric) if metric else None
 
 
 if __name__ == "__main__":

@@ -175,11 +175,12 @@ def test_ddp_cpu_two_processes_one_run_dir_all_loggers(tmp_path):
     ],
 )
 def test_bad_config_fails_fast_with_a_short_message(override, expected, tmp_path):
-    result = train_cli(override, f"hydra.run.dir={tmp_path}", timeout=120)
+    result = train_cli(override, f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
     assert result.returncode != 0
     assert expected in result.stderr + result.stdout
     assert "Traceback" not in result.stderr
     assert len((result.stderr + result.stdout).strip().splitlines()) < 20
+    assert not (tmp_path / "run").exists()  # a run that failed before producing anything leaves no folder
 
 
 def test_missing_required_value_is_reported(compose_cfg):

@@ -1,7 +1,19 @@
 """Lightning callbacks that the stock ones do not cover."""
 
+from lit_transformers.callbacks.final_validation import ValidateAfterLastStep
+from lit_transformers.callbacks.interrupt import Interrupted, StopOnSignal
 from lit_transformers.callbacks.nonfinite import NonFiniteLossError, StopOnNonFiniteLoss
+from lit_transformers.callbacks.progress import StepProgressBar
 from lit_transformers.callbacks.samples import TextSamples
 from lit_transformers.callbacks.throughput import TokensPerSecond
 
-__all__ = ["NonFiniteLossError", "StopOnNonFiniteLoss", "TextSamples", "TokensPerSecond"]
+__all__ = [
+    "Interrupted",
+    "NonFiniteLossError",
+    "StepProgressBar",
+    "StopOnNonFiniteLoss",
+    "StopOnSignal",
+    "TextSamples",
+    "TokensPerSecond",
+    "ValidateAfterLastStep",
+]

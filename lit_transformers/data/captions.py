@@ -136,7 +136,7 @@ class CaptionDataModule(L.LightningDataModule):
     ):
         super().__init__()
         check_batch_size(batch_size)
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # the run logs its whole config once, in train.py
         self.datasets: dict[str, CaptionDataset] = {}
         self.tokenizer: Tokenizer | None = None
         self.class_names: list[str] = []  # digits only: zero-shot classification needs labels

@@ -243,7 +243,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
     ):
         super().__init__()
         check_batch_size(batch_size)
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # the run logs its whole config once, in train.py
         self.datasets: dict[str, Dataset] = {}
         self.class_names: list[str] = []
 

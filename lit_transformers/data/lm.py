@@ -49,7 +49,7 @@ class CausalLMDataModule(L.LightningDataModule):
     ):
         super().__init__()
         check_batch_size(batch_size)
-        self.save_hyperparameters()
+        self.save_hyperparameters(logger=False)  # the run logs its whole config once, in train.py
         self.corpus = CorpusSpec(**(corpus or {}))
         self.tokenizer: Tokenizer | None = None
         self.datasets: dict[str, TokenWindows] = {}

@@ -1,0 +1,103 @@
+"""One run per folder: a new run never overwrites an earlier run's metrics, config or checkpoints.
+
+* A run refuses a non-empty run folder, unless it resumes from a checkpoint inside that folder (``ckpt_path``):
+  then it continues there. Checkpoints are updated in place (``last.ckpt`` is this run's latest), the config
+  files describe the latest attempt, and the CSV metrics of each attempt are kept: ``csv/metrics.csv``, then
+  ``csv/resume_1/``, ``csv/resume_2/``, ...
+* A multirun refuses a non-empty sweep folder.
+* A run that fails before writing anything but its config removes its folder, so only runs look like runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from lit_transformers.utils.config import RESOLVED_CONFIG_ENV, ConfigError
+
+# what a run writes before it has trained or evaluated anything (Hydra also writes <job name>.log)
+CONFIG_FILES = {
+    ".hydra/config.yaml",
+    ".hydra/hydra.yaml",
+    ".hydra/overrides.yaml",
+    "config_resolved.yaml",
+    "csv/hparams.yaml",
+    "checkpoints/tokenizer.json",
+}
+
+
+class RunFolderTaken(ConfigError):
+    pass
+
+
+def check_run_folder(run_dir: Path, ckpt_path: str | None) -> None:
+    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+        return
+    if ckpt_path and Path(ckpt_path).resolve().is_relative_to(run_dir.resolve()):
+        return  # resuming this folder's own run
+    last = run_dir / "checkpoints" / "last.ckpt"
+    resume = f"ckpt_path={last}" if last.is_file() else "ckpt_path=<a .ckpt in it>"
+    raise RunFolderTaken(
+        f"Run folder {run_dir} is not empty; it holds an earlier run, whose metrics and config this run "
+        f"would overwrite (and its last.ckpt would not be this run's). To continue that run, resume it: {resume} "
+        f"hydra.run.dir={run_dir}. To start a new run, pass an empty or new folder with hydra.run.dir=<folder>, or "
+        "leave hydra.run.dir unset for a fresh timestamped one."
+    )
+
+
+def check_sweep_folder(sweep_dir: Path) -> None:
+    if sweep_dir.is_dir() and any(sweep_dir.iterdir()):
+        raise RunFolderTaken(
+            f"Sweep folder {sweep_dir} is not empty; its jobs' folders would be overwritten. Pass a new "
+            "folder with hydra.sweep.dir=<folder>, or leave it unset for a fresh timestamped one."
+        )
+
+
+class RunFolderGuard(Callback):
+    """Hydra callback: it runs before Hydra writes ``.hydra/`` and the job log, so a refused run changes nothing."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if RESOLVED_CONFIG_ENV in os.environ:
+            return  # a DDP worker joining its launcher's run folder
+        _exit_if_taken(check_run_folder, Path(config.hydra.run.dir), config.get("ckpt_path"))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_if_taken(check_sweep_folder, Path(config.hydra.sweep.dir))
+
+
+def _exit_if_taken(check, *args) -> None:
+    # Hydra turns a callback's exceptions into warnings and carries on; a refusal has to exit by itself
+    try:
+        check(*args)
+    except RunFolderTaken as err:
+        print(f"Error ({type(err).__name__}): {err}", file=sys.stderr)
+        sys.exit(1)
+
+
+def keep_earlier_csv_logs(cfg: DictConfig) -> None:
+    """Point each CSV logger whose folder already has ``metrics.csv`` (a resume into its own run folder) at the
+    next free ``resume_<N>`` version: Lightning's CSVLogger deletes the ``metrics.csv`` it finds."""
+    for entry in (cfg.get("logger") or {}).values():
+        csv_logger = entry is not None and str(entry.get("_target_")).endswith(".CSVLogger")
+        if not csv_logger or entry.get("version") is None:  # version None: Lightning numbers them itself
+            continue
+        root = Path(entry.save_dir) / entry.name
+        if (root / str(entry.version) / "metrics.csv").is_file():
+            free = (f"resume_{n}" for n in itertools.count(1) if not (root / f"resume_{n}").exists())
+            entry.version = next(free)
+
+
+def remove_if_only_config(run_dir: Path) -> None:
+    """Called when a run fails: delete its folder if the run wrote nothing but its config (and Hydra's log)."""
+    if not run_dir.is_dir():
+        return
+    files = [p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if not p.is_dir()]
+    if all(f in CONFIG_FILES or ("/" not in f and f.endswith(".log")) for f in files):
+        shutil.rmtree(run_dir)

@@ -1,0 +1,70 @@
+"""What the console says when a run ends: where everything went, or how to resume a stopped run."""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from lit_transformers.callbacks import Interrupted
+
+
+def run_summary(trainer: L.Trainer, loggers: list[Logger], run_dir: str | Path) -> str:
+    lines = [f"Run folder:      {run_dir}"]
+    checkpoints = trainer.checkpoint_callback
+    if checkpoints is None:
+        lines.append("Checkpoints:     none (checkpointing is off)")
+    else:
+        if checkpoints.best_model_path:
+            score = checkpoints.best_model_score
+            judged = f" ({checkpoints.monitor} {float(score):.4g})" if score is not None else ""
+            lines.append(f"Best checkpoint: {checkpoints.best_model_path}{judged}")
+        if checkpoints.last_model_path:
+            lines.append(f"Last checkpoint: {checkpoints.last_model_path}")
+    for logger in loggers:
+        if isinstance(logger, CSVLogger):
+            lines.append(f"Metrics:         {Path(logger.log_dir) / 'metrics.csv'}")
+        elif isinstance(logger, TensorBoardLogger):
+            lines.append(f"TensorBoard:     tensorboard --logdir {logger.log_dir}")
+        elif isinstance(logger, WandbLogger):
+            run = logger.experiment
+            link = f"wandb sync {Path(run.dir).parent}" if run.offline else run.url
+            lines.append(f"wandb:           {link}")
+    return "\n".join(lines)
+
+
+def resume_command(checkpoint: str) -> str:
+    """The command line of this run, continuing in its own folder from ``checkpoint``."""
+    program = f"python {sys.argv[0]}" if sys.argv[0].endswith(".py") else Path(sys.argv[0]).name
+    hydra = HydraConfig.get()
+    overrides = [o for o in hydra.overrides.task if o.split("=", 1)[0].lstrip("+~") != "ckpt_path"]
+    arguments = [*overrides, f"ckpt_path={checkpoint}", f"hydra.run.dir={hydra.runtime.output_dir}"]
+    return " ".join([program, *map(shlex.quote, arguments)])
+
+
+@contextlib.contextmanager
+def report_interruptions():
+    """A run stopped by a signal says where its checkpoint is and how to resume, and exits 130 (SIGINT) or
+    143 (SIGTERM). Outside training, Lightning's ``SIGTERMException`` (status 0) gets the same status 143."""
+    try:
+        yield
+    except Interrupted as stop:
+        if rank_zero_only.rank == 0:
+            if stop.checkpoint:
+                saved = f"saved {stop.checkpoint}\nResume with:\n  {resume_command(stop.checkpoint)}"
+            else:
+                saved = "nothing saved: checkpointing is off (trainer.enable_checkpointing=false)"
+            print(f"\nStopped by {stop.signal_name} after step {stop.step}; {saved}", file=sys.stderr)
+        raise
+    except SIGTERMException as stop:
+        if rank_zero_only.rank == 0:
+            print("\nStopped by SIGTERM outside the training steps; nothing new was saved", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGTERM) from stop
