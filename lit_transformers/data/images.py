@@ -19,6 +19,8 @@ from sklearn.model_selection import train_test_split
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from torchvision import datasets, transforms
 
+from lit_transformers.data.loaders import make_loader
+
 SOURCES = ("digits", "folder", "cifar10", "cifar100", "mnist")
 TORCHVISION = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100, "mnist": datasets.MNIST}
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -186,25 +188,6 @@ def build_transform(
     return transforms.Compose([*steps, transforms.ToTensor(), transforms.Normalize(mean, std)])
 
 
-def make_loader(
-    dataset: Dataset,
-    batch_size: int,
-    train: bool,
-    num_workers: int = 0,
-    collate_fn=None,
-    drop_last: bool = False,
-) -> DataLoader:
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=train,
-        num_workers=num_workers,
-        persistent_workers=num_workers > 0,
-        collate_fn=collate_fn,
-        drop_last=drop_last,
-    )
-
-
 class MixupCollate:
     """timm Mixup/CutMix on whole batches: labels become (B, num_classes) soft targets, smoothing included."""
 
@@ -272,11 +255,21 @@ class ImageClassificationDataModule(L.LightningDataModule):
         collate = MixupCollate(timm.data.Mixup(**h.mixup, num_classes=self.num_classes)) if h.mixup else None
         # timm Mixup needs full, even batches, so a ragged last batch is dropped when mixing
         return make_loader(
-            self.datasets["train"], h.batch_size, True, h.num_workers, collate, drop_last=bool(h.mixup)
+            self.datasets["train"],
+            h.batch_size,
+            True,
+            h.num_workers,
+            collate,
+            drop_last=bool(h.mixup),
+            trainer=self.trainer,
         )
 
     def val_dataloader(self) -> DataLoader:
-        return make_loader(self.datasets["val"], self.hparams.batch_size, False, self.hparams.num_workers)
+        return self._eval_loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return make_loader(self.datasets["test"], self.hparams.batch_size, False, self.hparams.num_workers)
+        return self._eval_loader("test")
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        h = self.hparams
+        return make_loader(self.datasets[split], h.batch_size, False, h.num_workers, trainer=self.trainer)
