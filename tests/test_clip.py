@@ -105,16 +105,18 @@ def test_ddp_two_ranks_match_one_process_on_the_same_global_batch(tmp_path):
         torch.testing.assert_close(ddp["grads"][name], param.grad, atol=1e-6, rtol=1e-4, msg=name)
 
 
-def _logit_scale_after_one_step(max_logit_scale: float) -> float:
+def _logit_scale_after_one_step(
+    max_logit_scale: float, init: float = math.log(100) - 0.01, grad: float = -1.0
+) -> float:
     task = tiny_clip_task(
-        init_logit_scale=math.log(100) - 0.01,
+        init_logit_scale=init,
         max_logit_scale=max_logit_scale,
         optimizer={"_target_": "torch.optim.AdamW", "lr": 0.5},
     )
 
-    class PushUp(L.Callback):  # a gradient that asks for a larger scale; Adam then moves it by ~lr
+    class Push(L.Callback):  # a negative gradient asks for a larger scale; Adam then moves it by ~lr
         def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-            pl_module.model.logit_scale.grad = torch.tensor(-1.0)
+            pl_module.model.logit_scale.grad = torch.tensor(grad)
 
     trainer = L.Trainer(
         max_steps=1,
@@ -123,7 +125,7 @@ def _logit_scale_after_one_step(max_logit_scale: float) -> float:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[PushUp()],
+        callbacks=[Push()],
     )
     trainer.fit(task, datamodule=FixedBatches(fixed_caption_batch(4)))
     return task.model.logit_scale.item()
@@ -134,6 +136,11 @@ def test_logit_scale_is_clamped_to_ln100_after_an_optimizer_step():
     assert _logit_scale_after_one_step(max_logit_scale=math.log(100)) == pytest.approx(
         math.log(100)
     )  # ...clamped
+
+
+def test_logit_scale_is_clamped_at_zero_from_below():
+    # Adam's first step moves by ~lr = 0.5 against the gradient: 0.01 -> about -0.49 unclamped (temperature > 1)
+    assert _logit_scale_after_one_step(max_logit_scale=math.log(100), init=0.01, grad=1.0) == 0.0
 
 
 def test_text_tower_pools_at_the_eos_position_and_ignores_padding():

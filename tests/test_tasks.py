@@ -36,6 +36,45 @@ def test_loss_is_mean_next_token_nll_over_unmasked_positions():
     assert count.item() == 13 and (total / count).item() == pytest.approx(expected.item(), rel=1e-5)
 
 
+class _Ragged(torch.utils.data.Dataset):
+    """Windows whose labels hide a different number of positions (IGNORE_INDEX) in each batch of 2."""
+
+    hidden = (7, 7, 0, 0, 3, 5)  # targets per batch: 2, 16, 8 of 8 + 8 positions
+
+    def __len__(self):
+        return len(self.hidden)
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        ids, labels = torch.randint(0, 50, (8,), generator=g), torch.randint(0, 50, (8,), generator=g)
+        labels[: self.hidden[i]] = IGNORE_INDEX
+        return {"input_ids": ids, "labels": labels}
+
+
+def test_val_loss_is_the_mean_over_every_target_token_and_ppl_its_exp():
+    torch.manual_seed(0)
+    task = _task()
+    loader = torch.utils.data.DataLoader(_Ragged(), batch_size=2)
+    trainer = L.Trainer(
+        logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu"
+    )
+    metrics = trainer.validate(task, loader)[0]
+    nll_sum, count, batch_means = 0.0, 0, []
+    with torch.no_grad():
+        for batch in loader:
+            logp = task.model(batch["input_ids"]).double().log_softmax(-1)  # float64 reference
+            keep = batch["labels"] != IGNORE_INDEX
+            nll = -logp[keep].gather(-1, batch["labels"][keep][:, None])
+            nll_sum, count = nll_sum + nll.sum().item(), count + int(keep.sum())
+            batch_means.append(nll.mean().item())
+    assert count == 2 + 16 + 8
+    expected = nll_sum / count
+    assert metrics["val/loss"] == pytest.approx(expected, rel=1e-6)
+    # a mean of batch means would weigh batch 1's 2 tokens like batch 2's 16: the data tells the two apart
+    assert sum(batch_means) / len(batch_means) != pytest.approx(expected, rel=1e-3)
+    assert metrics["val/ppl"] == pytest.approx(math.exp(metrics["val/loss"]), rel=1e-6)  # float32 exp
+
+
 def test_decay_applies_to_matrices_only():
     model = GPT(TINY)
     decay, no_decay = decay_groups(model)
@@ -60,6 +99,20 @@ def test_warmup_cosine_schedule_values():
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
     assert lrs[60] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert lrs[110] == pytest.approx(0.1)
+
+
+def test_warmup_longer_than_training_warns_and_warms_up_over_the_whole_run(caplog):
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.6)
+    with caplog.at_level("WARNING", logger="lit_transformers.tasks.optim"):
+        sched = warmup_cosine(opt, total_steps=6, warmup_steps=50)
+    assert "warmup_steps" in caplog.text and "max_steps" in caplog.text  # names the overrides that fix it
+    lrs = []
+    for _ in range(6):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    # the docstring's step s -> lr * (s + 1) / warmup_steps, with the warmup shortened to the 6 steps there are
+    assert lrs == pytest.approx([0.6 * (s + 1) / 6 for s in range(6)])
 
 
 def test_layer_scaled_groups_get_their_lr_and_schedule():

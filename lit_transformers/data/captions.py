@@ -22,8 +22,9 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from lit_transformers.data.checks import check_batch_size
-from lit_transformers.data.image_io import open_image
-from lit_transformers.data.images import Transformed, build_transform, load_image_splits, make_loader
+from lit_transformers.data.image_io import SkipUnreadable, open_image
+from lit_transformers.data.images import Transformed, build_transform, load_image_splits
+from lit_transformers.data.loaders import make_loader
 from lit_transformers.text import Tokenizer, eos_terminated, split_by_fractions
 
 
@@ -224,10 +225,30 @@ class CaptionDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         h = self.hparams
         # a ragged last batch would give a step with fewer negatives (and uneven all_gather shapes under DDP)
-        return make_loader(self.datasets["train"], h.batch_size, True, h.num_workers, drop_last=True)
+        return make_loader(
+            SkipUnreadable(self.datasets["train"]),
+            h.batch_size,
+            True,
+            h.num_workers,
+            drop_last=True,
+            trainer=self.trainer,
+        )
 
     def val_dataloader(self) -> DataLoader:
-        return make_loader(self.datasets["val"], self.hparams.batch_size, False, self.hparams.num_workers)
+        return self._eval_loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return make_loader(self.datasets["test"], self.hparams.batch_size, False, self.hparams.num_workers)
+        return self._eval_loader("test")
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        h = self.hparams
+        # the eval step all-gathers features at every batch, so every rank must run as many batches: Lightning
+        # pads the shares with repeated images, which ContrastiveTask._evaluate drops by image index
+        return make_loader(
+            SkipUnreadable(self.datasets[split]),
+            h.batch_size,
+            False,
+            h.num_workers,
+            trainer=self.trainer,
+            shard_eval=False,
+        )

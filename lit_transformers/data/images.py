@@ -21,6 +21,7 @@ from torchvision import datasets, transforms
 
 from lit_transformers.data.checks import check_batch_size
 from lit_transformers.data.image_io import SkipUnreadable, open_image
+from lit_transformers.data.loaders import make_loader
 
 SOURCES = ("digits", "folder", "cifar10", "cifar100", "mnist")
 TORCHVISION = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100, "mnist": datasets.MNIST}
@@ -193,25 +194,6 @@ def build_transform(
     return transforms.Compose([*steps, transforms.ToTensor(), transforms.Normalize(mean, std)])
 
 
-def make_loader(
-    dataset: Dataset,
-    batch_size: int,
-    train: bool,
-    num_workers: int = 0,
-    collate_fn=None,
-    drop_last: bool = False,
-) -> DataLoader:
-    return DataLoader(
-        SkipUnreadable(dataset),
-        batch_size=batch_size,
-        shuffle=train,
-        num_workers=num_workers,
-        persistent_workers=num_workers > 0,
-        collate_fn=collate_fn,
-        drop_last=drop_last,
-    )
-
-
 class MixupCollate:
     """timm Mixup/CutMix on whole batches: labels become (B, num_classes) soft targets, smoothing included."""
 
@@ -280,11 +262,23 @@ class ImageClassificationDataModule(L.LightningDataModule):
         collate = MixupCollate(timm.data.Mixup(**h.mixup, num_classes=self.num_classes)) if h.mixup else None
         # timm Mixup needs full, even batches, so a ragged last batch is dropped when mixing
         return make_loader(
-            self.datasets["train"], h.batch_size, True, h.num_workers, collate, drop_last=bool(h.mixup)
+            SkipUnreadable(self.datasets["train"]),
+            h.batch_size,
+            True,
+            h.num_workers,
+            collate,
+            drop_last=bool(h.mixup),
+            trainer=self.trainer,
         )
 
     def val_dataloader(self) -> DataLoader:
-        return make_loader(self.datasets["val"], self.hparams.batch_size, False, self.hparams.num_workers)
+        return self._eval_loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return make_loader(self.datasets["test"], self.hparams.batch_size, False, self.hparams.num_workers)
+        return self._eval_loader("test")
+
+    def _eval_loader(self, split: str) -> DataLoader:
+        h = self.hparams
+        return make_loader(
+            SkipUnreadable(self.datasets[split]), h.batch_size, False, h.num_workers, trainer=self.trainer
+        )

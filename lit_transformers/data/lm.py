@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lit_transformers.data.checks import check_batch_size
 from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents, split_documents
+from lit_transformers.data.loaders import make_loader
 from lit_transformers.text import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -106,13 +107,14 @@ class CausalLMDataModule(L.LightningDataModule):
         log.info("Token windows: %s", {name: len(ds) for name, ds in self.datasets.items()})
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(
+        h = self.hparams
+        return make_loader(
             self.datasets[split],
-            batch_size=self.hparams.batch_size,
-            shuffle=shuffle,
-            num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
-            drop_last=shuffle and len(self.datasets[split]) > self.hparams.batch_size,
+            h.batch_size,
+            shuffle,
+            h.num_workers,
+            drop_last=shuffle and len(self.datasets[split]) > h.batch_size,
+            trainer=self.trainer,
         )
 
     def train_dataloader(self) -> DataLoader:
