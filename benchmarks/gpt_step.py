@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from nanogpt import NanoGPT
 
+from lit_transformers.callbacks.throughput import matmul_flops
+
 from gpt_pair import add_model_args, same_weight_pair
 
 
@@ -52,18 +54,6 @@ def cpu_jiffies() -> tuple[int, int]:
     with open("/proc/self/stat") as f:
         own = f.read().rsplit(")", 1)[1].split()
     return machine, int(own[11]) + int(own[12])  # utime + stime (all threads)
-
-
-def matmul_flops(n: int = 2048, repeats: int = 5) -> float:
-    """Best fp32 matmul FLOP/s of this machine on an n x n x n product."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
 
 
 def make_step(model, logits_of, fused: bool):

@@ -54,13 +54,14 @@ def test_every_lm_experiment_runs_fast_dev_run(compose_cfg, experiment):
 
 
 def test_tiny_run_logs_namespaced_metrics_checkpoints_and_samples(compose_cfg, tmp_path, capsys):
-    metrics = train(compose_cfg(*TINY_LM))
+    metrics = train(compose_cfg(*TINY_LM, "callbacks.tokens_per_s.peak_flops=1e9"))
     rows = _metrics(tmp_path)
     logged = {k for row in rows for k, v in row.items() if v}
     for key in (
         "train/loss",
         "train/grad_norm",
         "train/tokens_per_s",
+        "train/mfu",
         "train/lr/pg1",
         "val/loss",
         "val/ppl",
@@ -69,6 +70,12 @@ def test_tiny_run_logs_namespaced_metrics_checkpoints_and_samples(compose_cfg, t
         "test/ppl",
     ):
         assert key in logged, key
+    # MFU = tokens/s x training FLOPs per token (6 per weight + attention, 12 L T d) / peak, recomputed here:
+    # 1 layer of width 32 at context 32, vocabulary 300 (tied), learned positions left out
+    n_weights = 300 * 32 + 12 * 32 * 32 + 13 * 32 + 2 * 32
+    flops = 6 * n_weights + 12 * 1 * 32 * 32
+    row = next(r for r in rows if r.get("train/mfu"))
+    assert float(row["train/mfu"]) == pytest.approx(float(row["train/tokens_per_s"]) * flops / 1e9, rel=1e-5)
     # perplexity (torchmetrics, token-weighted) is exp of the mean token loss
     assert metrics["val/ppl"] == pytest.approx(torch.tensor(metrics["val/loss"]).exp().item(), rel=1e-3)
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
