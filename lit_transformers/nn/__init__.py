@@ -1,4 +1,5 @@
-"""Pure-torch building blocks (no Lightning): attention, positions, blocks, heads, losses, generation."""
+"""Pure-torch building blocks (no Lightning): attention, positions, blocks, heads, losses, generation,
+and the RLHF math (``nn.rlhf``: reward-model, DPO and PPO pieces)."""
 
 from lit_transformers.nn.attention import (
     KVCache,
@@ -12,6 +13,13 @@ from lit_transformers.nn.blocks import DecoderBlock, EncoderBlock, FeedForward, 
 from lit_transformers.nn.generation import generate, sample_next, token_logprobs
 from lit_transformers.nn.heads import ClassifierHead, LMHead, ScalarHead
 from lit_transformers.nn.losses import IGNORE_INDEX, ClipLoss, token_cross_entropy
+from lit_transformers.nn.rlhf import (
+    AdaptiveKLController,
+    bradley_terry_loss,
+    dpo_loss,
+    last_true_index,
+    truncate_after_eos,
+)
 from lit_transformers.nn.positions import (
     LearnedPositions,
     RotaryEmbedding,
@@ -21,6 +29,11 @@ from lit_transformers.nn.positions import (
 )
 
 __all__ = [
+    "AdaptiveKLController",
+    "bradley_terry_loss",
+    "dpo_loss",
+    "last_true_index",
+    "truncate_after_eos",
     "IGNORE_INDEX",
     "ClassifierHead",
     "ClipLoss",
