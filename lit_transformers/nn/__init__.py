@@ -13,19 +13,19 @@ from lit_transformers.nn.blocks import DecoderBlock, EncoderBlock, FeedForward, 
 from lit_transformers.nn.generation import generate, sample_next, token_logprobs
 from lit_transformers.nn.heads import ClassifierHead, LMHead, ScalarHead
 from lit_transformers.nn.losses import IGNORE_INDEX, ClipLoss, token_cross_entropy
-from lit_transformers.nn.rlhf import (
-    AdaptiveKLController,
-    bradley_terry_loss,
-    dpo_loss,
-    last_true_index,
-    truncate_after_eos,
-)
 from lit_transformers.nn.positions import (
     LearnedPositions,
     RotaryEmbedding,
     SinusoidalPositions,
     absolute_positions,
     sinusoidal_table,
+)
+from lit_transformers.nn.rlhf import (
+    AdaptiveKLController,
+    bradley_terry_loss,
+    dpo_loss,
+    last_true_index,
+    truncate_after_eos,
 )
 
 __all__ = [
