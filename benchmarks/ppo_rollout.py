@@ -83,7 +83,9 @@ def main() -> None:
     n_tokens = args.batch_size * (out.size(1) - ids.size(1))
     cached, uncached = (n_tokens / statistics.median(times[c]) for c in (True, False))
     print(f"rollout, batch {args.batch_size}, {args.new_tokens} new tokens after {args.prompt_len}:")
-    print(f"  KV cache    {cached:9.1f} tok/s\n  no cache    {uncached:9.1f} tok/s\n  ratio       {cached / uncached:9.2f}x")
+    print(
+        f"  KV cache    {cached:9.1f} tok/s\n  no cache    {uncached:9.1f} tok/s\n  ratio       {cached / uncached:9.2f}x"
+    )
 
     # ---- one PPO iteration, split ------------------------------------------------------------------------
     spent: dict[str, list[float]] = {"rollout": [], "experience": [], "step": []}
@@ -101,7 +103,9 @@ def main() -> None:
     task.make_experience = timed("experience", task.make_experience)
     task.training_step = timed("step", task.training_step)
     items = [{"prompt": p, "answer": None} for p in prompts]
-    loader = DataLoader(items, batch_size=args.batch_size, collate_fn=partial(collate, format="prompts", pad_id=0))
+    loader = DataLoader(
+        items, batch_size=args.batch_size, collate_fn=partial(collate, format="prompts", pad_id=0)
+    )
     trainer = L.Trainer(
         accelerator="cpu",
         max_steps=(args.iterations + 1) * args.ppo_epochs,
@@ -119,7 +123,9 @@ def main() -> None:
         "scoring": med["experience"] - med["rollout"],
         "update": med["step"] - med["experience"],
     }
-    print(f"PPO iteration ({args.ppo_epochs} epochs, 1 minibatch), median of {args.iterations}: {med['step']:.3f} s")
+    print(
+        f"PPO iteration ({args.ppo_epochs} epochs, 1 minibatch), median of {args.iterations}: {med['step']:.3f} s"
+    )
     for key, value in split.items():
         print(f"  {key:<8} {value:7.3f} s  {100 * value / med['step']:5.1f} %")
 
