@@ -11,7 +11,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from lit_transformers.data.instructions import collate, read_jsonl
+from lit_transformers.data.instructions import InstructionDataModule, collate, read_jsonl
 from lit_transformers.instructgpt import chain
 from lit_transformers.models import GPT, GPTConfig, ScalarGPT
 from lit_transformers.nn import IGNORE_INDEX, token_cross_entropy
@@ -77,6 +77,32 @@ def test_malformed_jsonl_names_file_and_line(tmp_path):
     path.write_text('{"prompt": "a"}\n{oops\n')
     with pytest.raises(ValueError, match=r"pairs.jsonl:2: not valid JSON"):
         read_jsonl(path, ("prompt",))
+
+
+def test_jsonl_records_in_trl_format_become_batches(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    records = [
+        {"prompt": f"Say {w}:", "chosen": f" {w}", "rejected": f" not {w}", "answer": w} for w in WORDS * 4
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in records))
+    dm = InstructionDataModule(
+        format="pairs",
+        source="jsonl",
+        path=str(path),
+        tokenizer="char",
+        batch_size=4,
+        cache_dir=str(tmp_path),
+    )
+    dm.prepare_data()
+    dm.setup()
+    batch = next(iter(dm.val_dataloader()))
+    assert batch["pair_ids"].shape[0] == 2 * batch["prompt_ids"].shape[0]
+    assert set(batch["answers"]) <= set(WORDS)
+    # response tokens: after the prompt, real, chosen rows first
+    n = batch["prompt_ids"].shape[0]
+    first = batch["response_mask"][0].nonzero()[0].item()
+    assert batch["pair_ids"][0, first - 1] != dm.tokenizer.pad_id
+    assert batch["response_mask"][:n].sum() < batch["response_mask"][n:].sum()  # " not w" is longer
 
 
 # ---- SFT -------------------------------------------------------------------------------------------------
