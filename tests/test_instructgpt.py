@@ -146,6 +146,34 @@ def test_sft_loss_ignores_prompt_tokens_and_matches_a_hand_computation():
     assert token_cross_entropy(logits, leaked)[0] > total
 
 
+def test_packed_samples_never_attend_across_boundaries_and_lose_nothing():
+    torch.manual_seed(0)
+    model = GPT(CONFIG).eval()
+    items = [
+        {"prompt": [1, 5, 6], "completion": [7, 8, 2], "answer": "x"},
+        {"prompt": [1, 9], "completion": [10, 2], "answer": "y"},
+        {"prompt": [1, 11, 12, 13], "completion": [14, 2], "answer": "z"},
+    ]
+    packed = collate(items, "sft", pad_id=0, packing=True, width=12)
+    assert packed["input_ids"].tolist() == [
+        [1, 5, 6, 7, 8, 1, 9, 10, 0, 0, 0, 0],
+        [1, 11, 12, 13, 14, 0, 0, 0, 0, 0, 0, 0],
+    ]
+    assert packed["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0, 0, 0, 0]
+    logits = model(packed["input_ids"], position_ids=packed["position_ids"], mask=packed["attention_mask"])
+    # the second sample of row 0 sees only itself: same logits as alone
+    alone = model(torch.tensor([[1, 9, 10]]))  # inputs: the last token (EOS) is only a label
+    torch.testing.assert_close(logits[0, 5:8], alone[0], rtol=1e-5, atol=1e-5)
+    # without the block-diagonal mask it would see the first sample
+    leaky = model(packed["input_ids"], position_ids=packed["position_ids"])
+    assert not torch.allclose(leaky[0, 5:8], alone[0], atol=1e-4)
+    padded = collate(items, "sft", pad_id=0)
+    loss_packed = token_cross_entropy(logits, packed["labels"])
+    loss_padded = token_cross_entropy(model(padded["input_ids"]), padded["labels"])
+    assert loss_packed[1] == loss_padded[1] == 7
+    assert loss_packed[0].item() == pytest.approx(loss_padded[0].item(), rel=1e-5)
+
+
 # ---- reward model ----------------------------------------------------------------------------------------
 
 
@@ -170,9 +198,12 @@ def _stage_cfg(compose_cfg, experiment: str, *extra: str):
     return compose_cfg(f"experiment={experiment}", *TINY, *TINY_DATA, *task, *extra)
 
 
-@pytest.mark.parametrize("experiment", INSTRUCT_EXPERIMENTS)
+@pytest.mark.parametrize("experiment", [*INSTRUCT_EXPERIMENTS, "gpt_sft packed"])
 def test_every_stage_runs_fast_dev_run(compose_cfg, experiment):
-    metrics = train(_stage_cfg(compose_cfg, experiment, "debug=fdr"))
+    experiment, *packed = experiment.split()
+    metrics = train(
+        _stage_cfg(compose_cfg, experiment, "debug=fdr", *(["data.packing=true"] if packed else []))
+    )
     assert metrics and all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
     expected = {
         "gpt_sft": ["test/loss", "test/judge_exact", "test/judge_score"],

@@ -73,7 +73,44 @@ def read_jsonl(path: str | Path, fields: tuple[str, ...]) -> list[dict]:
     return records
 
 
-def collate(items: list[dict], format: str, pad_id: int) -> dict:
+def pack(
+    sequences: list[list[int]], labels: list[list[int]], width: int, pad_id: int
+) -> dict[str, torch.Tensor]:
+    """Several samples per row (first fit, in order) for SFT packing: ``input_ids``/``labels`` (R, width),
+    ``position_ids`` restarting at 0 in each sample, and ``attention_mask`` (R, 1, width, width), True where
+    query and key belong to the same sample, so packed samples never attend to each other (the model adds
+    the causal mask). Padding gets its own segment per row."""
+    rows: list[list[int]] = []  # sample indices per row
+    used: list[int] = []
+    for i, seq in enumerate(sequences):
+        n = min(len(seq), width)
+        for r, u in enumerate(used):
+            if u + n <= width:
+                rows[r].append(i)
+                used[r] += n
+                break
+        else:
+            rows.append([i])
+            used.append(n)
+    R = len(rows)
+    ids = torch.full((R, width), pad_id, dtype=torch.long)
+    targets = torch.full((R, width), IGNORE_INDEX, dtype=torch.long)
+    positions = torch.zeros(R, width, dtype=torch.long)
+    segment = torch.full((R, width), -1, dtype=torch.long)
+    for r, members in enumerate(rows):
+        start = 0
+        for i in members:
+            n = min(len(sequences[i]), width)
+            ids[r, start : start + n] = torch.tensor(sequences[i][:n])
+            targets[r, start : start + n] = torch.tensor(labels[i][:n])
+            positions[r, start : start + n] = torch.arange(n)
+            segment[r, start : start + n] = i
+            start += n
+    mask = segment[:, None, :, None] == segment[:, None, None, :]  # (R, 1, T, T) same sample
+    return {"input_ids": ids, "labels": targets, "position_ids": positions, "attention_mask": mask}
+
+
+def collate(items: list[dict], format: str, pad_id: int, packing: bool = False, width: int = 0) -> dict:
     """Token lists -> tensors: always ``prompt_ids``/``prompt_mask`` (left-padded) and ``answers`` (for the
     judge; None without), plus ``input_ids``/``labels`` (sft, prompt labels IGNORE_INDEX) or
     ``pair_ids``/``pair_mask``/``response_mask`` (pairs: chosen rows first, then rejected)."""
@@ -81,7 +118,13 @@ def collate(items: list[dict], format: str, pad_id: int) -> dict:
     batch["prompt_ids"], batch["prompt_mask"] = left_pad([it["prompt"] for it in items], pad_id)
     answers = [it.get("answer") for it in items]
     batch["answers"] = answers if all(a is not None for a in answers) else None
-    if format == "sft":
+    if format == "sft" and packing:
+        sequences = [(it["prompt"] + it["completion"])[:-1] for it in items]
+        labels = [
+            [IGNORE_INDEX] * (len(it["prompt"]) - 1) + list(it["completion"]) for it in items
+        ]  # label t is token t+1; the prompt's are ignored
+        batch |= pack(sequences, labels, width, pad_id)
+    elif format == "sft":
         ids, valid = right_pad([it["prompt"] + it["completion"] for it in items], pad_id)
         labels = ids[:, 1:].masked_fill(~valid[:, 1:], IGNORE_INDEX)  # (B, T-1): label t is token t+1
         for row, it in enumerate(items):
@@ -118,6 +161,7 @@ class InstructionDataModule(L.LightningDataModule):
         tokenizer_path: str | None = None,
         max_prompt_length: int = 32,
         max_length: int = 64,
+        packing: bool = False,
         batch_size: int = 32,
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
@@ -214,7 +258,9 @@ class InstructionDataModule(L.LightningDataModule):
             num_workers=h.num_workers,
             persistent_workers=h.num_workers > 0,
             drop_last=shuffle and len(self.datasets[split]) > h.batch_size,
-            collate_fn=partial(collate, format=h.format, pad_id=self.tokenizer.pad_id),
+            collate_fn=partial(
+                collate, format=h.format, pad_id=self.tokenizer.pad_id, packing=h.packing, width=h.max_length
+            ),
         )
 
     def train_dataloader(self) -> DataLoader:
