@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import sys
+import types
 
 import lightning as L
 import pytest
@@ -11,7 +13,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from lit_transformers.data.instructions import InstructionDataModule, collate, read_jsonl
+from lit_transformers.data.instructions import InstructionDataModule, collate, read_hub, read_jsonl
 from lit_transformers.instructgpt import chain
 from lit_transformers.models import GPT, GPTConfig, ScalarGPT
 from lit_transformers.nn import IGNORE_INDEX, token_cross_entropy
@@ -103,6 +105,21 @@ def test_jsonl_records_in_trl_format_become_batches(tmp_path):
     first = batch["response_mask"][0].nonzero()[0].item()
     assert batch["pair_ids"][0, first - 1] != dm.tokenizer.pad_id
     assert batch["response_mask"][:n].sum() < batch["response_mask"][n:].sum()  # " not w" is longer
+
+
+def test_hub_dataset_with_trl_columns_is_read_and_bad_rows_are_named(monkeypatch):
+    class Dataset(list):
+        column_names = ["prompt", "completion"]
+
+    rows = Dataset([{"prompt": "Say ash:", "completion": " ash"}, {"prompt": "Say oak:", "completion": None}])
+    fake = types.SimpleNamespace(load_dataset=lambda name, subset, data_files=None, split=None: rows)
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    with pytest.raises(ValueError, match=r"me/sft\[1\]: field\(s\) \['completion'\] missing"):
+        read_hub("me/sft", None, "train", ("prompt", "completion"))
+    rows.pop()
+    assert read_hub("me/sft", None, "train", ("prompt", "completion")) == [dict(rows[0])]
+    with pytest.raises(KeyError, match="no column"):
+        read_hub("me/sft", None, "train", ("prompt", "chosen", "rejected"))
 
 
 # ---- SFT -------------------------------------------------------------------------------------------------

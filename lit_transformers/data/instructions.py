@@ -6,7 +6,8 @@
 
 ``source=embedded`` generates word tasks ("Reverse the words: ...") from the commonest words of CPython's
 bundled docs, with the right ``answer`` that the judge scores generations against (no download).
-``source=jsonl`` reads the user's records (one JSON object a line; an optional ``answer`` enables the judge).
+``source=jsonl`` reads the user's records (one JSON object a line; an optional ``answer`` enables the judge),
+``source=hub`` a Hugging Face dataset with the same column names (``pip install 'lit-transformers[hub]'``).
 Every batch also carries its prompts, left-padded for generation, so any stage can judge or roll out.
 """
 
@@ -27,7 +28,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lit_transformers.data.checks import check_batch_size
-from lit_transformers.data.corpus import CorpusSpec, load_documents
+from lit_transformers.data.corpus import CorpusSpec, load_documents, load_hub_dataset
 from lit_transformers.text import IGNORE_INDEX, Tokenizer, left_pad, pad_pairs, right_pad, split_by_fractions
 from lit_transformers.text.instructions import make_examples
 
@@ -51,26 +52,41 @@ def read_jsonl(path: str | Path, fields: tuple[str, ...]) -> list[dict]:
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"Instruction data {path} not found; set data.path=<file.jsonl>")
-    records = []
+    records, lines = [], []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                records.append(json.loads(line))
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object with fields {list(fields)}")
-            bad = [k for k in fields if not isinstance(record.get(k), str)]
-            if bad:
-                raise ValueError(
-                    f"{path}:{lineno}: field(s) {bad} missing or not text; records need {list(fields)}"
-                )
-            records.append(record)
+            lines.append(lineno)
+    return check_records(records, fields, str(path), lambda i: f"{path}:{lines[i]}")
+
+
+def check_records(records: list, fields: tuple[str, ...], source: str, where) -> list[dict]:
+    """Every record a dict with text in ``fields``; ``where(i)`` names record i (``file:line``, ``name[i]``)."""
     if not records:
-        raise ValueError(f"{path} holds no records")
+        raise ValueError(f"{source} holds no records")
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise ValueError(f"{where(i)}: expected a record with fields {list(fields)}")
+        bad = [k for k in fields if not isinstance(record.get(k), str)]
+        if bad:
+            raise ValueError(f"{where(i)}: field(s) {bad} missing or not text; records need {list(fields)}")
     return records
+
+
+def read_hub(name: str, subset: str | None, split: str, fields: tuple[str, ...]) -> list[dict]:
+    """Records of a Hugging Face dataset (Hub name or ``save_to_disk`` folder) with TRL's column names."""
+    dataset = load_hub_dataset(name, subset, split, name_key="data.path", files_key="data.path")
+    missing = [f for f in fields if f not in dataset.column_names]
+    if missing:
+        raise KeyError(
+            f"Dataset {name} has no column(s) {missing} (it has {dataset.column_names}); need {list(fields)}"
+        )
+    return check_records([dict(row) for row in dataset], fields, name, lambda i: f"{name}[{i}]")
 
 
 def pack(
@@ -150,6 +166,8 @@ class InstructionDataModule(L.LightningDataModule):
         format: str = "sft",
         source: str = "embedded",
         path: str | None = None,
+        subset: str | None = None,
+        split: str = "train",
         kinds: list[str] | None = None,
         n_examples: int = 4000,
         min_words: int = 2,
@@ -190,8 +208,12 @@ class InstructionDataModule(L.LightningDataModule):
                 words = common_words(CorpusSpec(**(h.corpus or {})), h.n_words)
                 kinds = h.kinds or ["reverse", "sort", "count", "last"]
                 records = make_examples(words, h.n_examples, kinds, h.min_words, h.max_words, h.seed)
-            else:
+            elif h.source == "jsonl":
                 records = read_jsonl(h.path, FIELDS[h.format])
+            else:
+                if not h.path:
+                    raise ValueError("data.source=hub needs data.path=<dataset name or save_to_disk folder>")
+                records = read_hub(h.path, h.subset, h.split, FIELDS[h.format])
             parts = split_by_fractions(
                 [r["prompt"] for r in records], h.val_fraction, h.test_fraction, h.seed
             )
