@@ -34,6 +34,7 @@ from lit_transformers.text.instructions import make_examples
 
 log = logging.getLogger(__name__)
 
+DATA_VERSION = 2  # bump when the embedded examples change: keys the cached tokenizer
 FIELDS = {"sft": ("prompt", "completion"), "pairs": ("prompt", "chosen", "rejected"), "prompts": ("prompt",)}
 
 
@@ -226,7 +227,17 @@ class InstructionDataModule(L.LightningDataModule):
 
     def tokenizer_cache(self) -> Path:
         h = self.hparams
-        identity = [h.source, h.path, h.kinds, h.n_examples, h.min_words, h.max_words, h.n_words, h.corpus]
+        identity = [
+            DATA_VERSION,
+            h.source,
+            h.path,
+            h.kinds,
+            h.n_examples,
+            h.min_words,
+            h.max_words,
+            h.n_words,
+            h.corpus,
+        ]
         identity += [h.tokenizer, h.vocab_size, h.val_fraction, h.test_fraction, h.seed]
         if h.source == "jsonl" and Path(h.path).is_file():
             identity.append(Path(h.path).stat().st_mtime_ns)

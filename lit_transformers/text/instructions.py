@@ -1,7 +1,8 @@
 """Instruction tasks made from words, with a judge: the embedded, download-free data of the InstructGPT stages.
 
 Each example is a prompt ("Reverse the words: ash oak elm\\nAnswer:"), its correct completion (" elm oak ash")
-and a plausible wrong one (a wrong word, wrong order, truncated, extra text) for reward-model and DPO pairs.
+and a plausible wrong one (a wrong word, wrong order, truncated, extra text, a word repeated) for reward-model
+and DPO pairs.
 The judge (exact match, and a graded score in [0, 1]) is the ground truth that a reward model only learns
 to approximate; the stages report both. Pure Python: the datamodule makes examples, the tasks judge.
 """
@@ -19,7 +20,7 @@ TASKS = {
     "last": ("Repeat the last word of", lambda words: [words[-1]]),
     "first": ("Repeat the first word of", lambda words: [words[0]]),
 }
-CORRUPTIONS = ("wrong_word", "wrong_order", "truncated", "extra_text")
+CORRUPTIONS = ("wrong_word", "wrong_order", "truncated", "extra_text", "repeated")
 
 
 def make_prompt(kind: str, words: Sequence[str]) -> str:
@@ -46,7 +47,7 @@ def corrupt(answer: list[str], kind: str, vocabulary: Sequence[str], rng: random
     if kind == "count":
         n = int(answer[0])
         return [str(n + rng.choice([d for d in (-2, -1, 1, 2) if n + d > 0]))]
-    choices = ["wrong_word", "extra_text"]
+    choices = ["wrong_word", "extra_text", "repeated"]
     if len(answer) > 1:
         choices += ["truncated"] + (["wrong_order"] if len(set(answer)) > 1 else [])
     how = rng.choice(choices)
@@ -60,6 +61,8 @@ def corrupt(answer: list[str], kind: str, vocabulary: Sequence[str], rng: random
             out[i], out[i + 1] = out[i + 1], out[i]
     elif how == "truncated":
         out = out[: rng.randrange(1, len(out))]
+    elif how == "repeated":  # a word stuck on repeat: the reward hack PPO found when this was missing
+        out += [rng.choice(out)] * rng.randint(1, 4)
     else:
         out.append(rng.choice(vocabulary))
     return out
