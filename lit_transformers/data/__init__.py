@@ -3,6 +3,7 @@
 from lit_transformers.data.captions import CaptionDataModule, read_caption_table
 from lit_transformers.data.corpus import CorpusSpec, load_documents, split_documents
 from lit_transformers.data.images import ImageClassificationDataModule, build_transform, load_image_splits
+from lit_transformers.data.instructions import InstructionDataModule
 from lit_transformers.data.lm import CausalLMDataModule, TokenWindows
 
 __all__ = [
@@ -10,6 +11,7 @@ __all__ = [
     "CausalLMDataModule",
     "CorpusSpec",
     "ImageClassificationDataModule",
+    "InstructionDataModule",
     "TokenWindows",
     "build_transform",
     "load_documents",

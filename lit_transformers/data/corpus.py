@@ -106,34 +106,44 @@ def _read_text(file: Path, encoding: str) -> str:
     return text
 
 
+def load_hub_dataset(
+    name: str,
+    subset: str | None,
+    split: str,
+    data_files=None,
+    name_key: str = "data.corpus.name",
+    files_key: str = "data.corpus.data_files",
+):
+    """A Hugging Face dataset split: a ``Dataset.save_to_disk`` folder, or ``load_dataset`` (Hub or local
+    files). Offline or missing datasets are one message naming the overrides that fix it."""
+    try:
+        import datasets
+    except ImportError as err:
+        raise ImportError("Hugging Face datasets are an extra: pip install 'lit-transformers[hub]'") from err
+    if Path(name).is_dir() and (Path(name) / "dataset_info.json").exists():
+        dataset = datasets.load_from_disk(name)
+        return dataset[split] if isinstance(dataset, datasets.DatasetDict) else dataset
+    try:
+        return datasets.load_dataset(name, subset, data_files=data_files, split=split)
+    except ConnectionError as err:  # what load_dataset raises offline, HF_HUB_OFFLINE=1 included
+        raise FileNotFoundError(
+            f"Dataset {name!r} could not be reached on the Hugging Face Hub ({err}); use a local copy: "
+            f"{name_key}=<folder written by Dataset.save_to_disk>, or {name_key}=text "
+            f"{files_key}=<your .txt files>"
+        ) from err
+    except FileNotFoundError as err:  # datasets.exceptions.DatasetNotFoundError, missing data_files
+        raise FileNotFoundError(
+            f"Dataset {name!r} not found ({err}); check {name_key} (a Hub dataset or a "
+            f"Dataset.save_to_disk folder) and {files_key}"
+        ) from err
+
+
 def _documents_from_hub(spec: CorpusSpec) -> list[Document]:
     if not spec.name:
         raise ValueError(
             "data.corpus.source=hub needs data.corpus.name=<dataset name or save_to_disk folder>"
         )
-    try:
-        import datasets
-    except ImportError as err:
-        raise ImportError("Hugging Face datasets are an extra: pip install 'lit-transformers[hub]'") from err
-    if Path(spec.name).is_dir() and (Path(spec.name) / "dataset_info.json").exists():
-        dataset = datasets.load_from_disk(spec.name)
-        dataset = dataset[spec.split] if isinstance(dataset, datasets.DatasetDict) else dataset
-    else:
-        try:
-            dataset = datasets.load_dataset(
-                spec.name, spec.subset, data_files=spec.data_files, split=spec.split
-            )
-        except ConnectionError as err:  # what load_dataset raises offline, HF_HUB_OFFLINE=1 included
-            raise FileNotFoundError(
-                f"Dataset {spec.name!r} could not be reached on the Hugging Face Hub ({err}); use a local copy: "
-                "data.corpus.name=<folder written by Dataset.save_to_disk>, or data.corpus.name=text "
-                "data.corpus.data_files=<your .txt files>"
-            ) from err
-        except FileNotFoundError as err:  # datasets.exceptions.DatasetNotFoundError, missing data_files
-            raise FileNotFoundError(
-                f"Dataset {spec.name!r} not found ({err}); check data.corpus.name (a Hub dataset or a "
-                "Dataset.save_to_disk folder) and data.corpus.data_files"
-            ) from err
+    dataset = load_hub_dataset(spec.name, spec.subset, spec.split, spec.data_files)
     if spec.text_field not in dataset.column_names:
         raise KeyError(
             f"Dataset {spec.name} has no column {spec.text_field!r}; set data.corpus.text_field to one of "

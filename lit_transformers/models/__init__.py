@@ -3,11 +3,13 @@
 from lit_transformers.models.backbone import create_backbone
 from lit_transformers.models.clip import CLIP, CLIPConfig
 from lit_transformers.models.gpt import GPT, GPTConfig
+from lit_transformers.models.scalar import ScalarGPT
 
 __all__ = [
     "CLIP",
     "CLIPConfig",
     "GPT",
     "GPTConfig",
+    "ScalarGPT",
     "create_backbone",
 ]

@@ -1,4 +1,5 @@
-"""Pure-torch building blocks (no Lightning): attention, positions, blocks, heads, losses, generation."""
+"""Pure-torch building blocks (no Lightning): attention, positions, blocks, heads, losses, generation,
+and the RLHF math (``nn.rlhf``: reward-model, DPO and PPO pieces)."""
 
 from lit_transformers.nn.attention import (
     KVCache,
@@ -19,8 +20,20 @@ from lit_transformers.nn.positions import (
     absolute_positions,
     sinusoidal_table,
 )
+from lit_transformers.nn.rlhf import (
+    AdaptiveKLController,
+    bradley_terry_loss,
+    dpo_loss,
+    last_true_index,
+    truncate_after_eos,
+)
 
 __all__ = [
+    "AdaptiveKLController",
+    "bradley_terry_loss",
+    "dpo_loss",
+    "last_true_index",
+    "truncate_after_eos",
     "IGNORE_INDEX",
     "ClassifierHead",
     "ClipLoss",

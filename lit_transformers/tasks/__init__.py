@@ -3,13 +3,21 @@
 from lit_transformers.tasks.base import Task, build_config, load_weights
 from lit_transformers.tasks.causal_lm import CausalLMTask
 from lit_transformers.tasks.contrastive import ContrastiveTask
+from lit_transformers.tasks.dpo import DPOTask
 from lit_transformers.tasks.image_classification import ImageClassificationTask
 from lit_transformers.tasks.optim import decay_groups, warmup_cosine
+from lit_transformers.tasks.ppo import PPOTask
+from lit_transformers.tasks.reward import RewardTask
+from lit_transformers.tasks.sft import SFTTask
 
 __all__ = [
     "CausalLMTask",
     "ContrastiveTask",
+    "DPOTask",
     "ImageClassificationTask",
+    "PPOTask",
+    "RewardTask",
+    "SFTTask",
     "Task",
     "build_config",
     "decay_groups",

@@ -31,8 +31,12 @@ class CausalLMTask(Task):
         return self.model(input_ids)
 
     def _step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(summed token loss, token count) of a batch of input ids and next-token labels."""
-        return token_cross_entropy(self.model(batch["input_ids"]), batch["labels"])
+        """(summed token loss, token count) of a batch of input ids and next-token labels; packed batches
+        (SFT) add ``position_ids`` and a block-diagonal ``attention_mask``."""
+        logits = self.model(
+            batch["input_ids"], position_ids=batch.get("position_ids"), mask=batch.get("attention_mask")
+        )
+        return token_cross_entropy(logits, batch["labels"])
 
     def training_step(self, batch, batch_idx):
         total, count = self._step(batch)

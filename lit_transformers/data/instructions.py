@@ -1,0 +1,306 @@
+"""Instruction data for the InstructGPT stages, in TRL's record formats:
+
+- ``format=sft``: ``prompt`` + ``completion`` (supervised fine-tuning; loss on the completion only),
+- ``format=pairs``: ``prompt`` + ``chosen`` + ``rejected`` (reward model, DPO),
+- ``format=prompts``: ``prompt`` (PPO rollouts).
+
+``source=embedded`` generates word tasks ("Reverse the words: ...") from the commonest words of CPython's
+bundled docs, with the right ``answer`` that the judge scores generations against (no download).
+``source=jsonl`` reads the user's records (one JSON object a line; an optional ``answer`` enables the judge),
+``source=hub`` a Hugging Face dataset with the same column names (``pip install 'lit-transformers[hub]'``).
+Every batch also carries its prompts, left-padded for generation, so any stage can judge or roll out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+from collections import Counter
+from functools import partial
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from lit_transformers.data.checks import check_batch_size
+from lit_transformers.data.corpus import CorpusSpec, load_documents, load_hub_dataset
+from lit_transformers.text import IGNORE_INDEX, Tokenizer, left_pad, pad_pairs, right_pad, split_by_fractions
+from lit_transformers.text.instructions import make_examples
+
+log = logging.getLogger(__name__)
+
+DATA_VERSION = 2  # bump when the embedded examples change: keys the cached tokenizer
+FIELDS = {"sft": ("prompt", "completion"), "pairs": ("prompt", "chosen", "rejected"), "prompts": ("prompt",)}
+
+
+def common_words(corpus: CorpusSpec, n: int, min_len: int = 3, max_len: int = 7) -> list[str]:
+    """The ``n`` commonest lowercase words of the corpus (ties alphabetical): the embedded tasks' words."""
+    counts = Counter(
+        w
+        for _, text in load_documents(corpus)
+        for w in re.findall(rf"\b[a-z]{{{min_len},{max_len}}}\b", text)
+    )
+    return [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
+
+
+def read_jsonl(path: str | Path, fields: tuple[str, ...]) -> list[dict]:
+    """Records of a JSONL file; a malformed line is an error naming the file, the line and what is wrong."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"Instruction data {path} not found; set data.path=<file.jsonl>")
+    records, lines = [], []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+            lines.append(lineno)
+    return check_records(records, fields, str(path), lambda i: f"{path}:{lines[i]}")
+
+
+def check_records(records: list, fields: tuple[str, ...], source: str, where) -> list[dict]:
+    """Every record a dict with text in ``fields``; ``where(i)`` names record i (``file:line``, ``name[i]``)."""
+    if not records:
+        raise ValueError(f"{source} holds no records")
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise ValueError(f"{where(i)}: expected a record with fields {list(fields)}")
+        bad = [k for k in fields if not isinstance(record.get(k), str)]
+        if bad:
+            raise ValueError(f"{where(i)}: field(s) {bad} missing or not text; records need {list(fields)}")
+    return records
+
+
+def read_hub(name: str, subset: str | None, split: str, fields: tuple[str, ...]) -> list[dict]:
+    """Records of a Hugging Face dataset (Hub name or ``save_to_disk`` folder) with TRL's column names."""
+    dataset = load_hub_dataset(name, subset, split, name_key="data.path", files_key="data.path")
+    missing = [f for f in fields if f not in dataset.column_names]
+    if missing:
+        raise KeyError(
+            f"Dataset {name} has no column(s) {missing} (it has {dataset.column_names}); need {list(fields)}"
+        )
+    return check_records([dict(row) for row in dataset], fields, name, lambda i: f"{name}[{i}]")
+
+
+def pack(
+    sequences: list[list[int]], labels: list[list[int]], width: int, pad_id: int
+) -> dict[str, torch.Tensor]:
+    """Several samples per row (first fit, in order) for SFT packing: ``input_ids``/``labels`` (R, width),
+    ``position_ids`` restarting at 0 in each sample, and ``attention_mask`` (R, 1, width, width), True where
+    query and key belong to the same sample, so packed samples never attend to each other (the model adds
+    the causal mask). Padding gets its own segment per row."""
+    rows: list[list[int]] = []  # sample indices per row
+    used: list[int] = []
+    for i, seq in enumerate(sequences):
+        n = min(len(seq), width)
+        for r, u in enumerate(used):
+            if u + n <= width:
+                rows[r].append(i)
+                used[r] += n
+                break
+        else:
+            rows.append([i])
+            used.append(n)
+    R = len(rows)
+    ids = torch.full((R, width), pad_id, dtype=torch.long)
+    targets = torch.full((R, width), IGNORE_INDEX, dtype=torch.long)
+    positions = torch.zeros(R, width, dtype=torch.long)
+    segment = torch.full((R, width), -1, dtype=torch.long)
+    for r, members in enumerate(rows):
+        start = 0
+        for i in members:
+            n = min(len(sequences[i]), width)
+            ids[r, start : start + n] = torch.tensor(sequences[i][:n])
+            targets[r, start : start + n] = torch.tensor(labels[i][:n])
+            positions[r, start : start + n] = torch.arange(n)
+            segment[r, start : start + n] = i
+            start += n
+    mask = segment[:, None, :, None] == segment[:, None, None, :]  # (R, 1, T, T) same sample
+    return {"input_ids": ids, "labels": targets, "position_ids": positions, "attention_mask": mask}
+
+
+def collate(items: list[dict], format: str, pad_id: int, packing: bool = False, width: int = 0) -> dict:
+    """Token lists -> tensors: always ``prompt_ids``/``prompt_mask`` (left-padded) and ``answers`` (for the
+    judge; None without), plus ``input_ids``/``labels`` (sft, prompt labels IGNORE_INDEX) or
+    ``pair_ids``/``pair_mask``/``response_mask`` (pairs: chosen rows first, then rejected)."""
+    batch: dict = {}
+    batch["prompt_ids"], batch["prompt_mask"] = left_pad([it["prompt"] for it in items], pad_id)
+    answers = [it.get("answer") for it in items]
+    batch["answers"] = answers if all(a is not None for a in answers) else None
+    if format == "sft" and packing:
+        sequences = [(it["prompt"] + it["completion"])[:-1] for it in items]
+        labels = [
+            [IGNORE_INDEX] * (len(it["prompt"]) - 1) + list(it["completion"]) for it in items
+        ]  # label t is token t+1; the prompt's are ignored
+        batch |= pack(sequences, labels, width, pad_id)
+    elif format == "sft":
+        ids, valid = right_pad([it["prompt"] + it["completion"] for it in items], pad_id)
+        labels = ids[:, 1:].masked_fill(~valid[:, 1:], IGNORE_INDEX)  # (B, T-1): label t is token t+1
+        for row, it in enumerate(items):
+            labels[row, : len(it["prompt"]) - 1] = (
+                IGNORE_INDEX  # only completion tokens (and EOS) are targets
+            )
+        batch["input_ids"], batch["labels"] = ids[:, :-1], labels
+    elif format == "pairs":
+        ids, valid = pad_pairs(
+            [it["prompt"] + it["chosen"] for it in items],
+            [it["prompt"] + it["rejected"] for it in items],
+            pad_id,
+        )
+        prompt_len = torch.tensor([len(it["prompt"]) for it in items] * 2)
+        response = valid & (torch.arange(ids.size(1))[None] >= prompt_len[:, None])
+        batch["pair_ids"], batch["pair_mask"], batch["response_mask"] = ids, valid, response
+    return batch
+
+
+class InstructionDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        format: str = "sft",
+        source: str = "embedded",
+        path: str | None = None,
+        subset: str | None = None,
+        split: str = "train",
+        kinds: list[str] | None = None,
+        n_examples: int = 4000,
+        min_words: int = 2,
+        max_words: int = 4,
+        n_words: int = 48,
+        corpus: dict | None = None,
+        tokenizer: str = "bpe",
+        vocab_size: int = 512,
+        tokenizer_path: str | None = None,
+        max_prompt_length: int = 32,
+        max_length: int = 64,
+        packing: bool = False,
+        batch_size: int = 32,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        num_workers: int = 0,
+        seed: int = 0,
+        cache_dir: str = "~/.cache/lit_transformers",
+    ):
+        super().__init__()
+        check_batch_size(batch_size)
+        if format not in FIELDS:
+            raise ValueError(f"data.format={format!r}: choose one of {sorted(FIELDS)}")
+        if source not in ("embedded", "jsonl"):
+            raise ValueError(
+                f"data.source={source!r}: choose embedded or jsonl (with data.path=<file.jsonl>)"
+            )
+        self.save_hyperparameters()
+        self.tokenizer: Tokenizer | None = None
+        self.datasets: dict[str, list[dict]] = {}
+        self._records: dict[str, list[dict]] | None = None
+
+    def records(self) -> dict[str, list[dict]]:
+        """Text records per split (split by a hash of the prompt, the same on every rank and run)."""
+        if self._records is None:
+            h = self.hparams
+            if h.source == "embedded":
+                words = common_words(CorpusSpec(**(h.corpus or {})), h.n_words)
+                kinds = h.kinds or ["reverse", "sort", "count", "last"]
+                records = make_examples(words, h.n_examples, kinds, h.min_words, h.max_words, h.seed)
+            elif h.source == "jsonl":
+                records = read_jsonl(h.path, FIELDS[h.format])
+            else:
+                if not h.path:
+                    raise ValueError("data.source=hub needs data.path=<dataset name or save_to_disk folder>")
+                records = read_hub(h.path, h.subset, h.split, FIELDS[h.format])
+            parts = split_by_fractions(
+                [r["prompt"] for r in records], h.val_fraction, h.test_fraction, h.seed
+            )
+            # each split in a seeded random order: a prefix (limit_val_batches) mixes every kind of task
+            order = random.Random(h.seed)
+            self._records = {
+                name: order.sample([records[i] for i in idx], len(idx)) for name, idx in parts.items()
+            }
+        return self._records
+
+    def tokenizer_cache(self) -> Path:
+        h = self.hparams
+        identity = [
+            DATA_VERSION,
+            h.source,
+            h.path,
+            h.kinds,
+            h.n_examples,
+            h.min_words,
+            h.max_words,
+            h.n_words,
+            h.corpus,
+        ]
+        identity += [h.tokenizer, h.vocab_size, h.val_fraction, h.test_fraction, h.seed]
+        if h.source == "jsonl" and Path(h.path).is_file():
+            identity.append(Path(h.path).stat().st_mtime_ns)
+        key = hashlib.sha1(json.dumps(identity, default=str).encode()).hexdigest()[:16]
+        return Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / f"instructions-{key}.json"
+
+    def load_tokenizer(self) -> Tokenizer:
+        """``tokenizer_path`` (the parent stage's checkpoint), else one trained on the training records."""
+        h = self.hparams
+        if h.tokenizer_path:
+            return Tokenizer.from_file(h.tokenizer_path)
+
+        def texts() -> list[str]:
+            return [r["prompt"] + r.get("completion", r.get("chosen", "")) for r in self.records()["train"]]
+
+        return Tokenizer.load_or_train(self.tokenizer_cache(), texts, h.tokenizer, h.vocab_size)
+
+    def prepare_data(self) -> None:
+        self.load_tokenizer()
+
+    def encode(self, record: dict) -> dict:
+        tok, h = self.tokenizer, self.hparams
+        prompt = [tok.bos_id, *tok.encode(record["prompt"])]
+        prompt = prompt[:1] + prompt[1:][-(h.max_prompt_length - 1) :]  # keep BOS and the prompt's end
+        item = {"prompt": prompt, "answer": record.get("answer")}
+        room = max(h.max_length - len(prompt), 1)
+        for field in FIELDS[h.format][1:]:
+            item[field] = [*tok.encode(record[field]), tok.eos_id][:room]
+        if h.format == "sft":
+            item["completion"] = item["completion"][: room + 1]  # inputs drop the last token
+        return item
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        self.tokenizer = self.load_tokenizer()
+        for name, records in self.records().items():
+            if not records:
+                raise ValueError(f"The {name} split is empty; raise data.val_fraction/data.test_fraction")
+            self.datasets[name] = [self.encode(r) for r in records]
+        log.info(
+            "Instruction records (%s): %s", self.hparams.format, {k: len(v) for k, v in self.datasets.items()}
+        )
+
+    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+        h = self.hparams
+        return DataLoader(
+            self.datasets[split],
+            batch_size=h.batch_size,
+            shuffle=shuffle,
+            num_workers=h.num_workers,
+            persistent_workers=h.num_workers > 0,
+            drop_last=shuffle and len(self.datasets[split]) > h.batch_size,
+            collate_fn=partial(
+                collate, format=h.format, pad_id=self.tokenizer.pad_id, packing=h.packing, width=h.max_length
+            ),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", shuffle=False)

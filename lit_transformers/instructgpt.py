@@ -1,0 +1,131 @@
+"""The InstructGPT chain in one command: pretrain -> SFT -> reward model -> PPO (and DPO), each stage a normal
+``train.py`` run in its own subdirectory, each stage's best checkpoint feeding the next.
+
+    python -m lit_transformers.instructgpt                                  # the whole chain
+    python -m lit_transformers.instructgpt 'stages=[pretrain,sft,reward,ppo,dpo]'
+    python -m lit_transformers.instructgpt run_dir=<run>                    # resume after the last finished stage
+
+A finished stage writes ``<run>/<stage>/stage.json`` (its best checkpoint and test metrics), so a rerun on
+the same ``run_dir`` skips it; an unfinished stage's folder is moved aside and the stage starts again. A failing stage stops the chain with its error. At the end the chain prints
+one table and writes ``<run>/summary.json``: ``{stage: {metric: value}}`` with each stage's test metrics.
+Stages run in this process, one after the other (multi-process trainers belong to single-stage runs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import hydra
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from lit_transformers.train import train
+from lit_transformers.utils.config import ConfigError, check_required, check_types
+from lit_transformers.utils.errors import report_user_errors
+
+log = logging.getLogger(__name__)
+
+PARENTS = {"pretrain": None, "sft": "pretrain", "reward": "sft", "ppo": "sft", "dpo": "sft"}
+
+
+def stage_overrides(stage: str, done: dict[str, dict]) -> list[str]:
+    """The init_from / tokenizer overrides that feed a stage from the finished ones."""
+    parent = PARENTS[stage]
+    if parent is None or parent not in done:
+        return []
+    ckpt = done[parent]["checkpoint"]
+    overrides = [f"data.tokenizer_path='{ckpt}'"]
+    if stage == "ppo":
+        if "reward" not in done:
+            raise ConfigError("The ppo stage needs the reward stage before it in chain stages")
+        return overrides + [f"init_from={{policy: '{ckpt}', reward: '{done['reward']['checkpoint']}'}}"]
+    return overrides + [f"init_from='{ckpt}'"]
+
+
+def best_checkpoint(stage_dir: Path) -> str | None:
+    """The best checkpoint (save_top_k=1 keeps one ``step_*.ckpt``), else ``last.ckpt``."""
+    found = sorted((stage_dir / "checkpoints").glob("step_*.ckpt")) or sorted(
+        (stage_dir / "checkpoints").glob("last.ckpt")
+    )
+    return str(found[-1]) if found else None
+
+
+def compose_stage(overrides: list[str], output_dir: Path) -> DictConfig:
+    """A stage's train config, composed as train.py composes it, writing into ``output_dir``."""
+    cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        cfg.paths.output_dir = str(output_dir)
+        del cfg.hydra
+    check_required(cfg)
+    check_types(cfg)
+    OmegaConf.resolve(cfg)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, output_dir / "config_resolved.yaml")
+    return cfg
+
+
+def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
+    run_dir = Path(cfg.run_dir)
+    done: dict[str, dict] = {}
+    for stage in cfg.stages:
+        if stage not in PARENTS:
+            raise ConfigError(f"Unknown chain stage {stage!r}; choose from {list(PARENTS)}")
+        stage_dir = run_dir / stage
+        marker = stage_dir / "stage.json"
+        if marker.is_file():
+            done[stage] = json.loads(marker.read_text())
+            log.info("Chain: %s already finished (%s), skipping", stage, marker)
+            continue
+        if stage_dir.exists():  # an unfinished attempt: keep it aside, so its checkpoints cannot be mistaken
+            aside = stage_dir.with_name(f"{stage}.incomplete-{int(time.time())}")
+            stage_dir.rename(aside)
+            log.warning(
+                "Chain: %s did not finish before; its folder moved to %s, starting it again", stage, aside
+            )
+        spec = cfg.stage_configs[stage]
+        overrides = [*spec, *cfg.common, *stage_overrides(stage, done)]
+        log.info("Chain: stage %s -> %s\n  overrides: %s", stage, stage_dir, " ".join(overrides))
+        metrics = train(compose_stage(overrides, stage_dir))
+        checkpoint = best_checkpoint(stage_dir)
+        if checkpoint is None:
+            raise RuntimeError(f"Stage {stage} wrote no checkpoint in {stage_dir / 'checkpoints'}")
+        test = {k.removeprefix("test/"): v for k, v in sorted(metrics.items()) if k.startswith("test/")}
+        done[stage] = {"checkpoint": checkpoint, "test": test}
+        marker.write_text(json.dumps(done[stage], indent=2))
+    summary = {stage: info["test"] for stage, info in done.items()}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(summary_table(summary))
+    print(f"\nsummary: {run_dir / 'summary.json'}")
+    return summary
+
+
+def summary_table(summary: dict[str, dict[str, float]]) -> str:
+    rows = [(stage, metric, value) for stage, metrics in summary.items() for metric, value in metrics.items()]
+    width = max([len(f"{s} {m}") for s, m, _ in rows] + [10])
+    lines = [f"{'stage metric':<{width}}  test value", "-" * (width + 12)]
+    lines += [f"{f'{s} {m}':<{width}}  {v:.4f}" for s, m, v in rows]
+    return "\n".join(lines)
+
+
+def chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
+    """Run the chain from a composed ``instructgpt`` config (also outside ``hydra.main``, e.g. in tests)."""
+    if GlobalHydra.instance().is_initialized():
+        return run_chain(cfg)
+    with initialize_config_module("lit_transformers.conf", version_base="1.3"):
+        return run_chain(cfg)
+
+
+@hydra.main(version_base="1.3", config_path="pkg://lit_transformers.conf", config_name="instructgpt")
+def main(cfg: DictConfig) -> None:
+    with report_user_errors():
+        chain(cfg)
+
+
+if __name__ == "__main__":
+    main()

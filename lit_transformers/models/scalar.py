@@ -1,0 +1,31 @@
+"""A GPT body with a scalar head: the reward model (one score per sequence) and PPO's value model (one value
+per token). State-dict names are ``body.*`` (a GPT's, so a GPT checkpoint initialises the body) + ``head.*``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lit_transformers.models.gpt import GPT, GPTConfig
+from lit_transformers.nn import ScalarHead, last_true_index, padded_attention_mask, padded_position_ids
+
+
+class ScalarGPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.body = GPT(config)
+        self.head = ScalarHead(config.d_model)  # init std 1/sqrt(d + 1), bias 0
+
+    def forward(self, idx: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """idx, attention_mask (B, T) -> per-token values (B, T), under the padding-aware mask and positions
+        that generation uses (left or right padding)."""
+        hidden = self.body.hidden_states(
+            idx, padded_position_ids(attention_mask), padded_attention_mask(attention_mask)
+        )
+        return self.head(hidden)
+
+    def score(self, idx: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B,) the value at each row's last real (non-pad) token: the reward of the whole sequence."""
+        values = self(idx, attention_mask)
+        return values[torch.arange(idx.size(0), device=idx.device), last_true_index(attention_mask)]

@@ -1,0 +1,222 @@
+"""The math of InstructGPT's stages as plain torch: reward-model and DPO losses, and PPO's pieces (EOS
+truncation, KL estimators, per-token rewards, GAE, masked whitening, clipped losses, adaptive KL).
+
+Conventions follow TRL's PPO trainer and "The N+ implementation details of RLHF with PPO" (Huang et al.):
+response tensors are (B, T) over the generated tokens only, ``mask`` (B, T) bool marks real response tokens
+(up to and including the first EOS), and every statistic is a mean over the mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+AllReduce = Callable[[torch.Tensor], torch.Tensor]  # sums a tensor over DDP ranks (identity on one process)
+
+
+# ---- reward model and DPO ---------------------------------------------------------------------------------
+
+
+def bradley_terry_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    margin: torch.Tensor | float | None = None,
+    center_rewards_coefficient: float = 0.0,
+) -> torch.Tensor:
+    """Pairwise reward-model loss ``-log sigma(r_c - r_r [- margin])`` averaged over pairs (B,), plus
+    ``center_rewards_coefficient * mean((r_c + r_r)^2)``, which keeps rewards centred on 0 (TRL)."""
+    diff = chosen.float() - rejected.float()
+    if margin is not None:
+        diff = diff - margin
+    loss = -F.logsigmoid(diff).mean()
+    if center_rewards_coefficient:
+        loss = loss + center_rewards_coefficient * ((chosen.float() + rejected.float()) ** 2).mean()
+    return loss
+
+
+def dpo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    reference_chosen: torch.Tensor,
+    reference_rejected: torch.Tensor,
+    beta: float = 0.1,
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DPO (Rafailov et al. 2023), sigmoid form with conservative label smoothing, as TRL's ``dpo_loss``.
+
+    Inputs (B,) are response log-probabilities summed over response tokens. Returns per-pair losses (B,)
+    and the implicit rewards ``beta * (log pi - log pi_ref)`` of chosen and rejected (B,), detached.
+    """
+    logits = (policy_chosen - policy_rejected) - (reference_chosen - reference_rejected)  # (B,)
+    losses = (
+        -F.logsigmoid(beta * logits) * (1 - label_smoothing) - F.logsigmoid(-beta * logits) * label_smoothing
+    )
+    chosen_rewards = beta * (policy_chosen - reference_chosen).detach()
+    rejected_rewards = beta * (policy_rejected - reference_rejected).detach()
+    return losses, chosen_rewards, rejected_rewards
+
+
+# ---- masks --------------------------------------------------------------------------------------------------
+
+
+def last_true_index(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool -> (B,) index of each row's last True (0 for an all-False row). Works under right and
+    left padding alike: the reward is read at the last real token wherever the padding sits."""
+    positions = torch.arange(mask.size(-1), device=mask.device)
+    return (mask.long() * (positions + 1)).argmax(dim=-1)
+
+
+def truncate_after_eos(
+    responses: torch.Tensor, eos_id: int, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Generated tokens (B, T) -> (responses with every token after the first EOS replaced by ``pad_id``,
+    mask (B, T) of real tokens up to and including that EOS, has_eos (B,)). Rows without EOS keep all T."""
+    is_eos = responses == eos_id
+    has_eos = is_eos.any(dim=-1)
+    T = responses.size(1)
+    first = torch.where(
+        has_eos, is_eos.long().argmax(dim=-1), torch.full_like(has_eos, T - 1, dtype=torch.long)
+    )
+    mask = torch.arange(T, device=responses.device)[None] <= first[:, None]
+    return responses.masked_fill(~mask, pad_id), mask, has_eos
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, all_reduce: AllReduce | None = None) -> torch.Tensor:
+    """Mean of ``x`` over ``mask`` (summed over ranks when ``all_reduce`` is given)."""
+    stats = torch.stack([(x * mask).sum(), mask.sum().to(x.dtype)])
+    if all_reduce is not None:
+        stats = all_reduce(stats)
+    return stats[0] / stats[1].clamp(min=1)
+
+
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, all_reduce: AllReduce | None = None
+) -> torch.Tensor:
+    """``(x - mean) / sqrt(var + 1e-8)`` with mean and unbiased variance over the masked entries (of all
+    ranks with ``all_reduce``); ``shift_mean=False`` adds the mean back (TRL's reward whitening).
+    Masked-out entries come back as 0."""
+    mask_f = mask.to(x.dtype)
+    stats = torch.stack([(x * mask_f).sum(), (x * x * mask_f).sum(), mask_f.sum()])
+    if all_reduce is not None:
+        stats = all_reduce(stats)
+    total, total_sq, n = stats.unbind()
+    mean = total / n.clamp(min=1)
+    var = (total_sq - n * mean * mean) / (n - 1).clamp(min=1)  # Bessel-corrected, as TRL's masked_var
+    whitened = (x - mean) * torch.rsqrt(var.clamp(min=0) + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened * mask_f
+
+
+# ---- PPO: rewards, advantages, losses -----------------------------------------------------------------------
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
+    """Per-token KL(pi || pi_ref) estimates from the sampled tokens' log-probs (Schulman, "Approximating KL
+    divergence"): k1 = log pi - log pi_ref (unbiased, can be negative); k3 = (r - 1) - log r with
+    r = pi_ref / pi (unbiased, always >= 0, lower variance)."""
+    log_ratio = ref_logprobs - logprobs  # log r
+    if estimator == "k1":
+        return -log_ratio
+    if estimator == "k3":
+        return log_ratio.exp() - 1 - log_ratio
+    raise ValueError(f"kl_estimator={estimator!r}: use k1 or k3")
+
+
+def per_token_rewards(
+    kl: torch.Tensor, scores: torch.Tensor, mask: torch.Tensor, kl_coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """InstructGPT's reward: ``-kl_coef * KL_t`` on every real response token, plus the reward model's
+    ``scores`` (B,) at each row's last real token. Returns (rewards, non_score_rewards), both (B, T),
+    zero where ``mask`` is False."""
+    non_score = -kl_coef * kl * mask
+    rewards = non_score.clone()
+    rows = torch.arange(scores.size(0), device=scores.device)
+    rewards[rows, last_true_index(mask)] += scores
+    return rewards, non_score
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 0.95
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over response tokens (B, T) -> (advantages, returns).
+
+    ``delta_t = r_t + gamma V_{t+1} - V_t``, ``A_t = delta_t + gamma lam A_{t+1}``; values and rewards
+    past the mask count as 0, so the episode ends at the last real token. Returns = A + V (the value
+    target). Advantages come back unwhitened (see :func:`masked_whiten`)."""
+    mask_f = mask.to(values.dtype)
+    values, rewards = values * mask_f, rewards * mask_f
+    T = rewards.size(1)
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(T)):
+        next_value = values[:, t + 1] if t + 1 < T else torch.zeros_like(last)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last = delta + gamma * lam * last
+        advantages[:, t] = last
+    return advantages * mask_f, (advantages + values) * mask_f
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float = 0.2,
+) -> dict[str, torch.Tensor]:
+    """PPO's clipped surrogate ``mean(max(-A r, -A clip(r, 1 - eps, 1 + eps)))`` over the mask, with
+    r = pi / pi_old. Also returns the share of clipped tokens, ``approxkl = mean(0.5 (log r)^2)``, and r."""
+    log_ratio = logprobs - old_logprobs
+    ratio = log_ratio.exp()
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip, 1 + clip)
+    return {
+        "loss": masked_mean(torch.maximum(unclipped, clipped), mask),
+        "clipfrac": masked_mean((clipped > unclipped).float(), mask),
+        "approxkl": masked_mean(0.5 * log_ratio.detach() ** 2, mask),
+        "ratio": ratio.detach(),
+    }
+
+
+def clipped_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float = 0.2,
+) -> dict[str, torch.Tensor]:
+    """``0.5 * mean(max((V - R)^2, (clip(V, V_old +- eps) - R)^2))`` over the mask, and the share clipped."""
+    clipped_values = old_values + (values - old_values).clamp(-clip, clip)
+    unclipped_loss, clipped_loss = (values - returns) ** 2, (clipped_values - returns) ** 2
+    return {
+        "loss": 0.5 * masked_mean(torch.maximum(unclipped_loss, clipped_loss), mask),
+        "clipfrac": masked_mean((clipped_loss > unclipped_loss).float(), mask),
+    }
+
+
+def masked_entropy(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean entropy (nats) of the (B, T, V) next-token distributions over the mask."""
+    logp = logits.float().log_softmax(dim=-1)
+    return masked_mean(-(logp.exp() * logp).sum(dim=-1), mask)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``1 - Var(R - V) / Var(R)`` over the mask: 1 is a perfect value function, 0 no better than a constant."""
+    residual = returns - values
+    var = lambda x: masked_mean((x - masked_mean(x, mask)) ** 2, mask)  # noqa: E731
+    return 1 - var(residual) / var(returns).clamp(min=1e-8)
+
+
+class AdaptiveKLController:
+    """Ziegler et al. (2019): ``beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n_steps / horizon``, so the
+    measured KL drifts towards ``target``. Plain floats: its state is one number, saved by the task."""
+
+    def __init__(self, init_kl_coef: float, target: float, horizon: int):
+        self.value, self.target, self.horizon = init_kl_coef, target, horizon
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        error = min(max(current_kl / self.target - 1, -0.2), 0.2)
+        self.value *= 1 + error * n_steps / self.horizon
+        return self.value

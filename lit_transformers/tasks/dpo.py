@@ -1,0 +1,94 @@
+"""Direct preference optimisation (Rafailov et al. 2023): the policy learns from chosen/rejected pairs
+directly, against a frozen reference, without a reward model or sampling during training."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+
+import torch
+
+from lit_transformers.models import GPT, GPTConfig
+from lit_transformers.nn import token_logprobs
+from lit_transformers.nn.rlhf import dpo_loss
+from lit_transformers.tasks.base import Task, config_spec
+from lit_transformers.tasks.instruct import PolicyEvaluation
+
+log = logging.getLogger(__name__)
+
+
+class DPOTask(PolicyEvaluation, Task):
+    """Args: ``model`` (GPT config spec), ``beta`` (0.1), ``label_smoothing`` (conservative DPO),
+    ``max_new_tokens`` and ``temperature`` of the judged greedy responses and their KL; the rest as in
+    :class:`Task`. ``init_from``: the SFT checkpoint, which initialises both policy and reference.
+
+    The reference's log-probs come from a no-grad forward of the frozen reference in the same step: one
+    pass over the data computes each exactly once (TRL's ``precompute_ref_log_probs`` trades that for memory).
+    """
+
+    frozen = ("reference",)
+
+    def __init__(
+        self,
+        model: dict | GPTConfig,
+        beta: float = 0.1,
+        label_smoothing: float = 0.0,
+        max_new_tokens: int = 16,
+        temperature: float = 1.0,
+        **task_args,
+    ):
+        model = config_spec(model)
+        super().__init__(**task_args)
+        self.eval_metrics = self.make_eval_metrics()
+
+    def build_models(self) -> dict:
+        policy = GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
+        return {"policy": policy, "reference": copy.deepcopy(policy)}  # equal also without init_from
+
+    def configure_model(self) -> None:
+        if not self._built and not self.hparams.init_from:
+            log.warning("DPO starts from random weights: no init_from (pass the SFT checkpoint)")
+        super().configure_model()
+
+    def _load_init_from(self, init_from: str | Mapping) -> None:
+        if isinstance(init_from, str):
+            init_from = {"policy": init_from, "reference": init_from}
+        super()._load_init_from(init_from)
+
+    def _sequence_logprobs(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed response log-probs of chosen (B,) and rejected (B,)."""
+        logp = token_logprobs(model, batch["pair_ids"], batch["pair_mask"])  # (2B, T-1), token t+1 given <= t
+        return (logp * batch["response_mask"][:, 1:]).sum(1).chunk(2)
+
+    def _step(self, batch, stage: str) -> torch.Tensor:
+        h = self.hparams
+        policy_chosen, policy_rejected = self._sequence_logprobs(self.policy, batch)
+        with torch.no_grad():
+            ref_chosen, ref_rejected = self._sequence_logprobs(self.reference, batch)
+        losses, chosen, rejected = dpo_loss(
+            policy_chosen, policy_rejected, ref_chosen, ref_rejected, h.beta, h.label_smoothing
+        )
+        loss = losses.mean()
+        on_step = stage == "train"
+        prefix = "" if on_step else f"{stage}/"  # TRL's names in training: rewards/chosen, ...
+        for key, value in {
+            f"{stage}/loss": loss,
+            f"{prefix}rewards/chosen": chosen.mean(),
+            f"{prefix}rewards/rejected": rejected.mean(),
+            f"{prefix}rewards/accuracies": (chosen > rejected).float().mean(),
+            f"{prefix}rewards/margins": (chosen - rejected).mean(),
+        }.items():
+            self.log(key, value, on_step=on_step, on_epoch=not on_step, prog_bar=key.endswith("loss"))
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        return self._step(batch, "train")
+
+    def validation_step(self, batch, batch_idx):
+        self._step(batch, "val")
+        self.evaluate_policy(batch, "val", batch_idx)
+
+    def test_step(self, batch, batch_idx):
+        self._step(batch, "test")
+        self.evaluate_policy(batch, "test", batch_idx)

@@ -1,0 +1,261 @@
+"""PPO with a KL penalty (InstructGPT stage 3), Lightning-native: each training batch of prompts is one PPO
+iteration inside ``training_step`` (manual optimisation): rollout -> score -> per-token rewards -> GAE ->
+``num_ppo_epochs`` of clipped policy + value updates over shuffled minibatches.
+
+Four models: ``policy`` (from the SFT checkpoint) and ``value`` (from the reward model, its own copy of the
+head) train; ``reference`` (the SFT weights) and ``reward`` are frozen. ``trainer.max_steps`` counts
+optimizer steps: PPO iterations x num_ppo_epochs x num_mini_batches.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+
+import torch
+
+from lit_transformers.models import GPT, GPTConfig, ScalarGPT
+from lit_transformers.nn.rlhf import (
+    AdaptiveKLController,
+    clipped_policy_loss,
+    clipped_value_loss,
+    explained_variance,
+    gae,
+    kl_estimate,
+    masked_entropy,
+    masked_mean,
+    masked_whiten,
+    per_token_rewards,
+)
+from lit_transformers.tasks.base import Task, config_spec
+from lit_transformers.tasks.instruct import PolicyEvaluation, response_logprobs, rollout, sequence_logits
+from lit_transformers.tasks.reward import gpt_or_scalar
+
+log = logging.getLogger(__name__)
+
+
+class PPOTask(PolicyEvaluation, Task):
+    """Args (TRL's names and defaults where they exist):
+        model: the GPT config spec shared by the four models.
+        temperature: sampling temperature; log-probs are taken on ``logits / temperature``.
+        max_new_tokens: response length limit.
+        kl_coef: beta of the per-token penalty ``-beta * KL_t``; adaptive_kl: ``{target, horizon}`` or null.
+        kl_estimator: k1 | k3. missing_eos_penalty: subtracted from the score of responses without EOS.
+        gamma, lam: GAE. whiten_rewards: whiten per-token rewards (mean kept) before GAE.
+        num_ppo_epochs, num_mini_batches: update passes over each rollout batch, and minibatches per pass.
+        clip_range, clip_range_value, vf_coef, max_grad_norm: the clipped losses and gradient clipping.
+    ``init_from``: ``{policy: <sft.ckpt>, reward: <reward.ckpt>}``; the reference starts as the policy and
+    the value model as the reward model unless given too.
+    """
+
+    frozen = ("reference", "reward")
+
+    def __init__(
+        self,
+        model: dict | GPTConfig,
+        temperature: float = 0.7,
+        max_new_tokens: int = 16,
+        kl_coef: float = 0.05,
+        adaptive_kl: dict | None = None,
+        kl_estimator: str = "k1",
+        missing_eos_penalty: float = 1.0,
+        gamma: float = 1.0,
+        lam: float = 0.95,
+        whiten_rewards: bool = False,
+        num_ppo_epochs: int = 4,
+        num_mini_batches: int = 1,
+        clip_range: float = 0.2,
+        clip_range_value: float = 0.2,
+        vf_coef: float = 0.1,
+        max_grad_norm: float | None = 1.0,
+        **task_args,
+    ):
+        model = config_spec(model)
+        if kl_estimator not in ("k1", "k3"):
+            raise ValueError(f"task.kl_estimator={kl_estimator!r}: use k1 or k3")
+        if temperature <= 0:
+            raise ValueError(f"task.temperature={temperature}: PPO samples, so it needs a temperature > 0")
+        super().__init__(**task_args)
+        self.automatic_optimization = False
+        self.eval_metrics = self.make_eval_metrics()
+        self.kl_ctl = AdaptiveKLController(kl_coef, **adaptive_kl) if adaptive_kl else None
+        self.kl_coef = kl_coef
+
+    # ---- models ------------------------------------------------------------------------------------
+
+    def build_models(self) -> dict:
+        config = self.text_model_config(vocab_size=lambda tok: tok.vocab_size)
+        policy, reward = GPT(config), ScalarGPT(config)
+        # copies: without init_from the reference still equals the policy, and the value the reward model
+        return {
+            "policy": policy,
+            "reference": copy.deepcopy(policy),
+            "reward": reward,
+            "value": copy.deepcopy(reward),
+        }
+
+    def _load_init_from(self, init_from: str | Mapping) -> None:
+        if isinstance(init_from, str):
+            raise ValueError(
+                "PPO takes two checkpoints: init_from='{policy: <sft.ckpt>, reward: <reward.ckpt>}'"
+            )
+        targets = dict(init_from)
+        targets.setdefault("reference", targets.get("policy"))
+        targets.setdefault("value", targets.get("reward"))
+        for name in ("reward", "value"):
+            if targets.get(name) and gpt_or_scalar(targets[name], self.hparams.trust_checkpoint) == "body":
+                targets[f"{name}.body"] = targets.pop(name)  # a GPT checkpoint: the body, with a fresh head
+        missing = [name for name in ("policy", "reward") if not targets.get(name)]
+        if missing:
+            log.warning("PPO %s start(s) from random weights: no init_from for them", ", ".join(missing))
+        super()._load_init_from({k: v for k, v in targets.items() if v})
+
+    def configure_model(self) -> None:
+        if not self._built and not self.hparams.init_from:
+            log.warning(
+                "PPO starts from random weights: no init_from={policy: <sft.ckpt>, reward: <reward.ckpt>}"
+            )
+        super().configure_model()
+
+    def total_steps(self) -> int:
+        if self.trainer.max_steps > 0:
+            return self.trainer.max_steps  # manual optimisation: global_step counts optimizer steps already
+        h = self.hparams
+        return int(self.trainer.estimated_stepping_batches) * h.num_ppo_epochs * h.num_mini_batches
+
+    def _all_reduce(self, stats: torch.Tensor) -> torch.Tensor:
+        return self.trainer.strategy.reduce(stats, reduce_op="sum") if self.trainer.world_size > 1 else stats
+
+    # ---- one PPO iteration -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def make_experience(self, batch, order: torch.Tensor, mb: int) -> dict[str, torch.Tensor]:
+        """Rollout and everything PPO needs from it. Old log-probs and values are computed minibatch by
+        minibatch in the first epoch's order, so its first update sees exactly the same numbers (ratio 1)."""
+        h, tok = self.hparams, self.require_tokenizer()
+        out = rollout(
+            self.policy, tok, batch["prompt_ids"], batch["prompt_mask"], h.max_new_tokens, h.temperature
+        )
+        seq, attn, mask = out.sequences, out.attention_mask, out.response_mask
+        R = out.responses.size(1)
+        logprobs, values = (
+            torch.empty(mask.shape, device=self.device),
+            torch.empty(mask.shape, device=self.device),
+        )
+        for start in range(0, len(order), mb):
+            idx = order[start : start + mb]
+            logprobs[idx] = response_logprobs(self.policy, seq[idx], attn[idx], R, h.temperature)
+            values[idx] = self.value(seq[idx], attn[idx])[
+                :, -R - 1 : -1
+            ]  # value of the state before each token
+        ref_logprobs = response_logprobs(self.reference, seq, attn, R, h.temperature)
+        scores = self.reward.score(seq, attn) - h.missing_eos_penalty * (~out.has_eos).float()
+        kl = kl_estimate(logprobs, ref_logprobs, h.kl_estimator) * mask
+        rewards, non_score = per_token_rewards(kl, scores, mask, self.kl_coef)
+        if h.whiten_rewards:
+            rewards = masked_whiten(rewards, mask, shift_mean=False, all_reduce=self._all_reduce)
+        advantages, returns = gae(rewards, values * mask, mask, h.gamma, h.lam)
+        advantages = masked_whiten(advantages, mask, all_reduce=self._all_reduce)
+        return {
+            "sequences": seq,
+            "attention_mask": attn,
+            "mask": mask,
+            "logprobs": logprobs * mask,
+            "values": values * mask,
+            "advantages": advantages,
+            "returns": returns,
+            "scores": scores,
+            "kl": kl,
+            "non_score": non_score,
+            "has_eos": out.has_eos,
+        }
+
+    def training_step(self, batch, batch_idx):
+        h = self.hparams
+        for name in ("policy", "value"):
+            getattr(self, name).eval()  # dropout off: recomputed log-probs must match the sampled ones
+        B = batch["prompt_ids"].size(0)
+        mb = max(1, B // h.num_mini_batches)
+        orders = [torch.randperm(B, device=self.device) for _ in range(h.num_ppo_epochs)]
+        exp = self.make_experience(batch, orders[0], mb)
+        R = exp["mask"].size(1)
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        stats: dict[str, list[torch.Tensor]] = {}
+        for epoch, order in enumerate(orders):
+            for start in range(0, B - mb + 1, mb):
+                idx = order[start : start + mb]
+                seq, attn, mask = exp["sequences"][idx], exp["attention_mask"][idx], exp["mask"][idx]
+                logits = sequence_logits(self.policy, seq, attn)[:, -R - 1 : -1].float() / h.temperature
+                logprobs = logits.log_softmax(-1).gather(-1, seq[:, -R:, None]).squeeze(-1)
+                values = self.value(seq, attn)[:, -R - 1 : -1]
+                pg = clipped_policy_loss(
+                    logprobs, exp["logprobs"][idx], exp["advantages"][idx], mask, h.clip_range
+                )
+                vf = clipped_value_loss(
+                    values, exp["values"][idx], exp["returns"][idx], mask, h.clip_range_value
+                )
+                loss = pg["loss"] + h.vf_coef * vf["loss"]
+                optimizer.zero_grad()
+                self.manual_backward(loss)
+                if h.max_grad_norm:
+                    self.clip_gradients(
+                        optimizer, gradient_clip_val=h.max_grad_norm, gradient_clip_algorithm="norm"
+                    )
+                optimizer.step()
+                if scheduler is not None:
+                    scheduler.step()
+                if epoch == 0 and start == 0:
+                    self.first_ratio = masked_mean(pg["ratio"], mask)  # exactly 1: nothing has changed yet
+                for key, value in {
+                    "loss/policy": pg["loss"],
+                    "loss/value": vf["loss"],
+                    "policy/clipfrac": pg["clipfrac"],
+                    "policy/approxkl": pg["approxkl"],
+                    "policy/entropy": masked_entropy(logits.detach(), mask),
+                    "policy/ratio": masked_mean(pg["ratio"], mask),
+                    "value/clipfrac": vf["clipfrac"],
+                }.items():
+                    stats.setdefault(key, []).append(value.detach())
+        self._log_iteration(exp, stats)
+
+    def _log_iteration(self, exp: dict, stats: dict) -> None:
+        mask = exp["mask"]
+        kl_sum, non_score = exp["kl"].sum(1).mean(), exp["non_score"].sum(1).mean()
+        logged = {key: torch.stack(values).mean() for key, values in stats.items()}
+        logged |= {
+            "objective/scores": exp["scores"].mean(),
+            "objective/kl": kl_sum,
+            "objective/entropy": (-exp["logprobs"]).sum(1).mean(),  # of the sampled tokens, as TRL
+            "objective/non_score_reward": non_score,
+            "objective/rlhf_reward": exp["scores"].mean() + non_score,
+            "objective/kl_coef": torch.tensor(self.kl_coef),
+            "policy/ratio_first": self.first_ratio,
+            "value/explained_variance": explained_variance(exp["values"], exp["returns"], mask),
+            "train/num_eos_tokens": exp["has_eos"].float().sum(),
+            "train/response_length": mask.sum(1).float().mean(),
+        }
+        for key, value in logged.items():
+            self.log(
+                key, value, on_step=True, on_epoch=False, prog_bar=key in ("objective/scores", "objective/kl")
+            )
+        if self.kl_ctl is not None:
+            kl = float(self._all_reduce(kl_sum.detach().clone()) / self.trainer.world_size)
+            self.kl_coef = self.kl_ctl.update(kl, exp["mask"].size(0) * self.trainer.world_size)
+
+    # ---- evaluation --------------------------------------------------------------------------------
+
+    def validation_step(self, batch, batch_idx):
+        self.evaluate_policy(batch, "val", batch_idx)
+
+    def test_step(self, batch, batch_idx):
+        self.evaluate_policy(batch, "test", batch_idx)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["kl_coef"] = self.kl_coef
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.kl_coef = checkpoint.get("kl_coef", self.kl_coef)
+        if self.kl_ctl is not None:
+            self.kl_ctl.value = self.kl_coef

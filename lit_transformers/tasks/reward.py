@@ -1,0 +1,120 @@
+"""Reward model (InstructGPT stage 2): a GPT body + scalar head trained on comparisons with the
+Bradley-Terry loss; chosen and rejected go through the model in one forward pass."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import torch
+from torchmetrics import MaxMetric, MeanMetric
+
+from lit_transformers.models import GPTConfig, ScalarGPT
+from lit_transformers.nn import bradley_terry_loss
+from lit_transformers.tasks.base import Task, config_spec, model_weights
+from lit_transformers.utils.checkpoints import read_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+def gpt_or_scalar(path: str, trust_checkpoint: bool) -> str:
+    """``"body"`` when ``path`` holds a plain GPT (an SFT or pretraining checkpoint), ``""`` when it holds
+    a whole scalar model (a reward model's): where its weights go inside a :class:`ScalarGPT`."""
+    state = model_weights(read_checkpoint(path, "init_from", trust_checkpoint))
+    return "" if any(k.startswith("head.") for k in state) else "body"
+
+
+class RewardTask(Task):
+    """Args: ``model`` (the GPT config spec), ``margin`` subtracted from r_chosen - r_rejected in the loss,
+    ``center_rewards_coefficient`` (TRL's penalty on mean((r_c + r_r)^2)); the rest as in :class:`Task`.
+    ``init_from`` may be a GPT checkpoint (the body; the head starts fresh) or a reward model's."""
+
+    new_heads = ("model.head",)
+
+    def __init__(
+        self,
+        model: dict | GPTConfig,
+        margin: float = 0.0,
+        center_rewards_coefficient: float = 0.0,
+        **task_args,
+    ):
+        model = config_spec(model)
+        super().__init__(**task_args)
+        self.eval_metrics = torch.nn.ModuleDict(
+            {
+                f"{stage}_{name}": MeanMetric()
+                for stage in ("val", "test")
+                for name in ("loss", "accuracy", "margin", "reward_mean", "reward_sq")
+            }
+        )
+        self.val_accuracy_best = MaxMetric()
+        self.val_accuracy_best.persistent(True)
+
+    def build_model(self) -> ScalarGPT:
+        return ScalarGPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
+
+    def configure_model(self) -> None:
+        if not self._built and not self.hparams.init_from:
+            log.warning("Reward model starts from random weights: no init_from (pass the SFT checkpoint)")
+        super().configure_model()
+
+    def _load_init_from(self, init_from: str | Mapping) -> None:
+        if isinstance(init_from, str):
+            where = gpt_or_scalar(init_from, self.hparams.trust_checkpoint)
+            init_from = {"model.body" if where else "model": init_from}
+        super()._load_init_from(init_from)
+
+    def _scores(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = self.model.score(batch["pair_ids"], batch["pair_mask"])  # (2B,): chosen rows, then rejected
+        return scores.chunk(2)
+
+    def _loss(self, chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+        h = self.hparams
+        return bradley_terry_loss(chosen, rejected, h.margin or None, h.center_rewards_coefficient)
+
+    def training_step(self, batch, batch_idx):
+        chosen, rejected = self._scores(batch)
+        loss = self._loss(chosen, rejected)
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        self.log("train/accuracy", (chosen > rejected).float().mean(), on_step=True, on_epoch=False)
+        return loss
+
+    def _eval_step(self, batch, stage: str) -> None:
+        chosen, rejected = self._scores(batch)
+        both = torch.cat([chosen, rejected])
+        values = {
+            "loss": self._loss(chosen, rejected),
+            "accuracy": (chosen > rejected).float(),
+            "margin": chosen - rejected,
+            "reward_mean": both,
+            "reward_sq": both**2,
+        }
+        for name, value in values.items():
+            weight = chosen.numel() if name == "loss" else 1.0
+            self.eval_metrics[f"{stage}_{name}"].update(value, weight=weight)
+        for name in ("loss", "accuracy", "margin", "reward_mean"):
+            self.log(
+                f"{stage}/{name}",
+                self.eval_metrics[f"{stage}_{name}"],
+                on_epoch=True,
+                prog_bar=name == "accuracy",
+            )
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch, "test")
+
+    def _log_std(self, stage: str) -> None:
+        mean = self.eval_metrics[f"{stage}_reward_mean"].compute()
+        sq = self.eval_metrics[f"{stage}_reward_sq"].compute()
+        self.eval_metrics[f"{stage}_reward_sq"].reset()
+        self.log(f"{stage}/reward_std", (sq - mean**2).clamp(min=0).sqrt())
+
+    def on_validation_epoch_end(self):
+        self._log_std("val")
+        self.log_best("val/accuracy", self.val_accuracy_best)
+
+    def on_test_epoch_end(self):
+        self._log_std("test")

@@ -1,0 +1,334 @@
+"""The InstructGPT stages: data and judge, SFT masking, reward read-out, PPO and DPO tasks, the chain."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import types
+
+import lightning as L
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from lit_transformers.data.instructions import InstructionDataModule, collate, read_hub, read_jsonl
+from lit_transformers.instructgpt import chain
+from lit_transformers.models import GPT, GPTConfig, ScalarGPT
+from lit_transformers.nn import IGNORE_INDEX, token_cross_entropy
+from lit_transformers.text import left_pad, right_pad
+from lit_transformers.text.instructions import TASKS, corrupt, judge, make_examples
+from lit_transformers.train import train
+
+from conftest import INSTRUCT_EXPERIMENTS, REPO, train_cli
+
+CONFIG = GPTConfig(vocab_size=40, block_size=24, n_layer=1, n_head=2, d_model=16)
+WORDS = ["ash", "oak", "elm", "fir", "yew", "bay"]
+
+# stage sizes that run in seconds on 2 CPU cores
+TINY = [
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.d_model=32",
+    "model.block_size=48",
+    "data.batch_size=4",
+    "trainer.max_steps=2",
+    "trainer.val_check_interval=1",
+    "trainer.limit_val_batches=1",
+    "trainer.limit_test_batches=1",
+    "trainer.log_every_n_steps=1",
+    "callbacks.progress_bar=null",
+    "callbacks.model_summary=null",
+    "sample=null",
+]
+TINY_DATA = ["data.n_examples=120", "data.vocab_size=300"]
+TINY_TASK = ["task.max_new_tokens=4"]
+
+
+# ---- data and judge ------------------------------------------------------------------------------------
+
+
+def test_judge_exact_and_graded_by_hand():
+    assert judge(" elm oak ash", "elm oak ash") == (1.0, 1.0)
+    assert judge("elm ash oak", "elm oak ash") == (0.0, pytest.approx(1 / 3))
+    assert judge("elm oak", "elm oak ash") == (0.0, pytest.approx(2 / 3))  # truncated
+    assert judge("elm oak ash fir", "elm oak ash") == (0.0, pytest.approx(3 / 4))  # extra text
+    assert judge("3", "4") == (0.0, pytest.approx(0.75))  # numbers: 1 - |error| / answer
+    assert judge("", "4") == (0.0, 0.0)
+
+
+def test_corruptions_are_plausible_and_never_right():
+    rng = random.Random(0)
+    for kind in TASKS:
+        for _ in range(50):
+            words = [rng.choice(WORDS) for _ in range(rng.randint(2, 4))]
+            answer = TASKS[kind][1](words)
+            wrong = corrupt(answer, kind, WORDS, rng)
+            assert wrong != answer and judge(" ".join(wrong), " ".join(answer))[0] == 0.0
+    examples = make_examples(WORDS, 100, seed=1)
+    assert len({e["prompt"] for e in examples}) == 100
+    assert all(judge(e["completion"], e["answer"]) == (1.0, 1.0) for e in examples)
+
+
+def test_malformed_jsonl_names_file_and_line(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": "b"}\n')
+    with pytest.raises(ValueError, match=r"pairs.jsonl:2: field\(s\) \['rejected'\] missing"):
+        read_jsonl(path, ("prompt", "chosen", "rejected"))
+    path.write_text('{"prompt": "a"}\n{oops\n')
+    with pytest.raises(ValueError, match=r"pairs.jsonl:2: not valid JSON"):
+        read_jsonl(path, ("prompt",))
+
+
+def test_jsonl_records_in_trl_format_become_batches(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    records = [
+        {"prompt": f"Say {w}:", "chosen": f" {w}", "rejected": f" not {w}", "answer": w} for w in WORDS * 4
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in records))
+    dm = InstructionDataModule(
+        format="pairs",
+        source="jsonl",
+        path=str(path),
+        tokenizer="char",
+        batch_size=4,
+        cache_dir=str(tmp_path),
+    )
+    dm.prepare_data()
+    dm.setup()
+    batch = next(iter(dm.val_dataloader()))
+    assert batch["pair_ids"].shape[0] == 2 * batch["prompt_ids"].shape[0]
+    assert set(batch["answers"]) <= set(WORDS)
+    # response tokens: after the prompt, real, chosen rows first
+    n = batch["prompt_ids"].shape[0]
+    first = batch["response_mask"][0].nonzero()[0].item()
+    assert batch["pair_ids"][0, first - 1] != dm.tokenizer.pad_id
+    assert batch["response_mask"][:n].sum() < batch["response_mask"][n:].sum()  # " not w" is longer
+
+
+def test_hub_dataset_with_trl_columns_is_read_and_bad_rows_are_named(monkeypatch):
+    class Dataset(list):
+        column_names = ["prompt", "completion"]
+
+    rows = Dataset([{"prompt": "Say ash:", "completion": " ash"}, {"prompt": "Say oak:", "completion": None}])
+    fake = types.SimpleNamespace(load_dataset=lambda name, subset, data_files=None, split=None: rows)
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    with pytest.raises(ValueError, match=r"me/sft\[1\]: field\(s\) \['completion'\] missing"):
+        read_hub("me/sft", None, "train", ("prompt", "completion"))
+    rows.pop()
+    assert read_hub("me/sft", None, "train", ("prompt", "completion")) == [dict(rows[0])]
+    with pytest.raises(KeyError, match="no column"):
+        read_hub("me/sft", None, "train", ("prompt", "chosen", "rejected"))
+
+
+# ---- SFT -------------------------------------------------------------------------------------------------
+
+
+def _sft_batch():
+    items = [
+        {"prompt": [1, 5, 6], "completion": [7, 8, 2], "answer": "x"},
+        {"prompt": [1, 9], "completion": [10, 2], "answer": "y"},
+    ]
+    return collate(items, "sft", pad_id=0)
+
+
+def test_sft_labels_cover_only_the_completion_and_its_eos():
+    batch = _sft_batch()
+    assert batch["input_ids"].tolist() == [[1, 5, 6, 7, 8], [1, 9, 10, 2, 0]]
+    I = IGNORE_INDEX  # noqa: E741
+    assert batch["labels"].tolist() == [[I, I, 7, 8, 2], [I, 10, 2, I, I]]
+    assert batch["prompt_ids"].tolist() == [[1, 5, 6], [0, 1, 9]]  # left-padded for generation
+
+
+def test_sft_loss_ignores_prompt_tokens_and_matches_a_hand_computation():
+    torch.manual_seed(0)
+    model = GPT(CONFIG)
+    batch = _sft_batch()
+    logits = model(batch["input_ids"])
+    total, count = token_cross_entropy(logits, batch["labels"])
+    assert count == 5
+    # changing the prompt tokens' labels (they are ignored) changes nothing
+    other = batch["labels"].clone()
+    other[0, :2] = IGNORE_INDEX
+    assert token_cross_entropy(logits, other)[0] == total
+    # the response token "8" of row 0, predicted at position 3: -log softmax(logits[0, 3])[8]
+    hand = -logits[0, 3].log_softmax(-1)[8]
+    only = torch.full_like(batch["labels"], IGNORE_INDEX)
+    only[0, 3] = 8
+    assert token_cross_entropy(logits, only)[0].item() == pytest.approx(hand.item(), rel=1e-5)
+    # and the prompt really is masked: labelling it changes the loss
+    leaked = batch["labels"].clone()
+    leaked[0, :2] = torch.tensor([5, 6])
+    assert token_cross_entropy(logits, leaked)[0] > total
+
+
+def test_packed_samples_never_attend_across_boundaries_and_lose_nothing():
+    torch.manual_seed(0)
+    model = GPT(CONFIG).eval()
+    items = [
+        {"prompt": [1, 5, 6], "completion": [7, 8, 2], "answer": "x"},
+        {"prompt": [1, 9], "completion": [10, 2], "answer": "y"},
+        {"prompt": [1, 11, 12, 13], "completion": [14, 2], "answer": "z"},
+    ]
+    packed = collate(items, "sft", pad_id=0, packing=True, width=12)
+    assert packed["input_ids"].tolist() == [
+        [1, 5, 6, 7, 8, 1, 9, 10, 0, 0, 0, 0],
+        [1, 11, 12, 13, 14, 0, 0, 0, 0, 0, 0, 0],
+    ]
+    assert packed["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 0, 0, 0, 0]
+    logits = model(packed["input_ids"], position_ids=packed["position_ids"], mask=packed["attention_mask"])
+    # the second sample of row 0 sees only itself: same logits as alone
+    alone = model(torch.tensor([[1, 9, 10]]))  # inputs: the last token (EOS) is only a label
+    torch.testing.assert_close(logits[0, 5:8], alone[0], rtol=1e-5, atol=1e-5)
+    # without the block-diagonal mask it would see the first sample
+    leaky = model(packed["input_ids"], position_ids=packed["position_ids"])
+    assert not torch.allclose(leaky[0, 5:8], alone[0], atol=1e-4)
+    padded = collate(items, "sft", pad_id=0)
+    loss_packed = token_cross_entropy(logits, packed["labels"])
+    loss_padded = token_cross_entropy(model(padded["input_ids"]), padded["labels"])
+    assert loss_packed[1] == loss_padded[1] == 7
+    assert loss_packed[0].item() == pytest.approx(loss_padded[0].item(), rel=1e-5)
+
+
+# ---- reward model ----------------------------------------------------------------------------------------
+
+
+def test_reward_is_read_at_the_last_real_token_under_right_and_left_padding():
+    torch.manual_seed(0)
+    model = ScalarGPT(CONFIG).eval()
+    seqs = [[1, 5, 6, 7], [1, 9]]
+    alone = [model.score(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.bool)).item() for s in seqs]
+    for pad in (right_pad, left_pad):
+        ids, valid = pad(seqs, 0)
+        assert model.score(ids, valid).tolist() == pytest.approx(alone, abs=1e-5), pad.__name__
+    ids, valid = right_pad(seqs, 0)
+    assert model.score(ids, valid)[1].item() == pytest.approx(model(ids, valid)[1, 1].item())
+    assert model.head.proj.bias.item() == 0.0
+
+
+# ---- the stages through the real config -----------------------------------------------------------------
+
+
+def _stage_cfg(compose_cfg, experiment: str, *extra: str):
+    task = TINY_TASK if experiment in ("gpt_sft", "gpt_ppo", "gpt_dpo") else []
+    return compose_cfg(f"experiment={experiment}", *TINY, *TINY_DATA, *task, *extra)
+
+
+@pytest.mark.parametrize("experiment", [*INSTRUCT_EXPERIMENTS, "gpt_sft packed"])
+def test_every_stage_runs_fast_dev_run(compose_cfg, experiment):
+    experiment, *packed = experiment.split()
+    metrics = train(
+        _stage_cfg(compose_cfg, experiment, "debug=fdr", *(["data.packing=true"] if packed else []))
+    )
+    assert metrics and all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
+    expected = {
+        "gpt_sft": ["test/loss", "test/judge_exact", "test/judge_score"],
+        "gpt_reward": ["test/accuracy", "test/margin", "test/reward_mean", "test/reward_std"],
+        "gpt_ppo": [
+            "objective/scores",
+            "objective/kl",
+            "policy/clipfrac",
+            "test/judge_score",
+            "test/kl",
+            "test/rm_score",
+        ],
+        "gpt_dpo": [
+            "rewards/chosen",
+            "rewards/margins",
+            "test/judge_exact",
+            "test/kl",
+            "test/rewards/accuracies",
+        ],
+    }[experiment]
+    assert set(expected) <= set(metrics), sorted(metrics)
+
+
+def _fit_ppo(compose_cfg, *extra: str):
+    cfg = _stage_cfg(compose_cfg, "gpt_ppo", "task.num_ppo_epochs=2", "task.num_mini_batches=2", *extra)
+    datamodule = instantiate(cfg.data, _convert_="all")
+    task = instantiate(cfg.task, _recursive_=False, _convert_="all")
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(task, datamodule=datamodule)
+    return task, trainer
+
+
+def test_ppo_ratio_is_one_on_the_first_minibatch_and_frozen_models_get_no_gradient(compose_cfg):
+    task, trainer = _fit_ppo(compose_cfg, "task.missing_eos_penalty=3.0")
+    assert trainer.global_step == 4  # one rollout batch: 2 epochs x 2 minibatches
+    assert task.first_ratio.item() == 1.0  # exactly: old log-probs came from the same minibatch forward
+    for name in ("reference", "reward"):
+        module = getattr(task, name)
+        assert not module.training and all(
+            not p.requires_grad and p.grad is None for p in module.parameters()
+        )
+    # the policy moved away from the reference it started as; the reward model stayed the value's twin
+    assert any(not torch.equal(p, q) for p, q in zip(task.policy.parameters(), task.reference.parameters()))
+    assert any(not torch.equal(p, q) for p, q in zip(task.value.parameters(), task.reward.parameters()))
+    optimized = {id(p) for group in task.optimizers().param_groups for p in group["params"]}
+    assert optimized == {id(p) for m in (task.policy, task.value) for p in m.parameters()}
+    # responses without EOS lose missing_eos_penalty from the reward model's score
+    prompt = [task.tokenizer.bos_id, *task.tokenizer.encode("Sort the words: a b\nAnswer:")]
+    ids, mask = left_pad([prompt, prompt[:4]], task.tokenizer.pad_id)
+    exp = task.make_experience({"prompt_ids": ids, "prompt_mask": mask}, torch.arange(2), 2)
+    raw = task.reward.score(exp["sequences"], exp["attention_mask"])
+    torch.testing.assert_close(exp["scores"], raw - 3.0 * (~exp["has_eos"]).float())
+
+
+def test_ppo_under_ddp_cpu(tmp_path):
+    result = train_cli(
+        "experiment=gpt_ppo",
+        "trainer=ddp_cpu",
+        *TINY,
+        *TINY_DATA,
+        *TINY_TASK,
+        "trainer.max_steps=4",
+        "test=false",
+        f"paths.log_dir={tmp_path}",
+        f"hydra.run.dir={tmp_path}/run",
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_chain_runs_every_stage_feeds_the_next_and_resumes(tmp_path, cache_dir, capsys):
+    cfg = OmegaConf.load(REPO / "lit_transformers" / "conf" / "instructgpt.yaml")
+    del cfg["hydra"]
+    cfg.run_dir = str(tmp_path / "run")
+    cfg.stages = ["pretrain", "sft", "reward", "ppo", "dpo"]
+    cfg.common = [
+        *TINY,
+        f"paths.cache_dir={cache_dir}",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=2",
+    ]
+    cfg.stage_configs.pretrain = ["data.vocab_size=300"]
+    for stage in ("sft", "reward", "ppo", "dpo"):
+        cfg.stage_configs[stage] = [*cfg.stage_configs[stage], "data.n_examples=120"]
+        if stage != "reward":
+            cfg.stage_configs[stage].append("task.max_new_tokens=4")
+    summary = chain(cfg)
+    assert list(summary) == ["pretrain", "sft", "reward", "ppo", "dpo"]
+    assert {"judge_score", "judge_exact"} <= set(summary["sft"]) and "accuracy" in summary["reward"]
+    assert {"rm_score", "kl", "judge_score"} <= set(summary["ppo"])
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
+    ppo_config = OmegaConf.load(tmp_path / "run" / "ppo" / "config_resolved.yaml")
+    sft_ckpt = json.loads((tmp_path / "run" / "sft" / "stage.json").read_text())["checkpoint"]
+    assert ppo_config.init_from.policy == sft_ckpt and ppo_config.data.tokenizer_path == sft_ckpt
+    assert "reward" in ppo_config.init_from.reward
+    # resume after an unfinished ppo: finished stages are skipped, ppo runs again in a fresh folder
+    (tmp_path / "run" / "ppo" / "stage.json").unlink()
+    cfg.stages = ["pretrain", "sft", "reward", "ppo"]
+    again = chain(cfg)
+    assert again["sft"] == summary["sft"] and "ppo" in again and "dpo" not in again
+    assert len(list((tmp_path / "run").glob("ppo.incomplete-*"))) == 1
+    assert "ppo judge_score" in capsys.readouterr().out  # the printed table
