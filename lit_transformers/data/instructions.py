@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 
 from lit_transformers.data.checks import check_batch_size
 from lit_transformers.data.corpus import CorpusSpec, load_documents, load_hub_dataset
+from lit_transformers.data.loaders import make_loader
 from lit_transformers.text import IGNORE_INDEX, Tokenizer, left_pad, pad_pairs, right_pad, split_by_fractions
 from lit_transformers.text.instructions import make_examples
 
@@ -284,16 +285,16 @@ class InstructionDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         h = self.hparams
-        return DataLoader(
+        return make_loader(
             self.datasets[split],
-            batch_size=h.batch_size,
-            shuffle=shuffle,
-            num_workers=h.num_workers,
-            persistent_workers=h.num_workers > 0,
-            drop_last=shuffle and len(self.datasets[split]) > h.batch_size,
-            collate_fn=partial(
+            h.batch_size,
+            shuffle,
+            h.num_workers,
+            partial(
                 collate, format=h.format, pad_id=self.tokenizer.pad_id, packing=h.packing, width=h.max_length
             ),
+            drop_last=shuffle and len(self.datasets[split]) > h.batch_size,
+            trainer=self.trainer,
         )
 
     def train_dataloader(self) -> DataLoader:
