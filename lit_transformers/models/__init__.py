@@ -1,10 +1,13 @@
 """Model families as plain ``nn.Module``s (no Lightning)."""
 
 from lit_transformers.models.backbone import create_backbone
+from lit_transformers.models.bert import BERT, BERTConfig
 from lit_transformers.models.clip import CLIP, CLIPConfig
 from lit_transformers.models.gpt import GPT, GPTConfig
 
 __all__ = [
+    "BERT",
+    "BERTConfig",
     "CLIP",
     "CLIPConfig",
     "GPT",
