@@ -1,5 +1,6 @@
 """LightningDataModules and corpora (tokenizers, padding and splits live in ``lit_transformers.text``)."""
 
+from lit_transformers.data.bert import EncoderCollator, MaskedLMDataModule
 from lit_transformers.data.captions import CaptionDataModule, read_caption_table
 from lit_transformers.data.corpus import CorpusSpec, load_documents, split_documents
 from lit_transformers.data.images import ImageClassificationDataModule, build_transform, load_image_splits
@@ -9,7 +10,9 @@ __all__ = [
     "CaptionDataModule",
     "CausalLMDataModule",
     "CorpusSpec",
+    "EncoderCollator",
     "ImageClassificationDataModule",
+    "MaskedLMDataModule",
     "TokenWindows",
     "build_transform",
     "load_documents",

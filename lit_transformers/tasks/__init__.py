@@ -3,16 +3,21 @@
 from lit_transformers.tasks.base import Task, build_config, load_weights
 from lit_transformers.tasks.causal_lm import CausalLMTask
 from lit_transformers.tasks.contrastive import ContrastiveTask
+from lit_transformers.tasks.encoder import EncoderTask
 from lit_transformers.tasks.image_classification import ImageClassificationTask
-from lit_transformers.tasks.optim import decay_groups, warmup_cosine
+from lit_transformers.tasks.masked_lm import MaskedLMTask
+from lit_transformers.tasks.optim import decay_groups, warmup_cosine, warmup_linear
 
 __all__ = [
     "CausalLMTask",
     "ContrastiveTask",
+    "EncoderTask",
     "ImageClassificationTask",
+    "MaskedLMTask",
     "Task",
     "build_config",
     "decay_groups",
     "load_weights",
     "warmup_cosine",
+    "warmup_linear",
 ]
