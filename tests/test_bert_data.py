@@ -108,6 +108,14 @@ def test_nsp_pairs_are_half_next_consecutive_or_from_another_document_and_fit():
     assert types == [0] * (n_a + 2) + [1] * (len(pairs[0].b) + 1)
 
 
+def test_pack_pair_single_segment_and_longest_first_truncation():
+    assert pack_pair([7, 8], None, 2, 3) == ([2, 7, 8, 3], [0, 0, 0, 0])
+    ids, types = pack_pair(list(range(10, 20)), [30, 31, 32], 2, 3, max_len=10)
+    assert ids == [2, 10, 11, 12, 13, 3, 30, 31, 32, 3]  # the longer segment lost its tail
+    assert types == [0] * 6 + [1] * 4
+    assert pack_pair(list(range(10, 30)), None, 2, 3, max_len=6)[0] == [2, 10, 11, 12, 13, 3]
+
+
 def test_nsp_short_sequences_and_truncation():
     docs = _documents(seed=1)
     long = build_nsp_pairs(docs, 64, random.Random(0), short_seq_prob=0.0)

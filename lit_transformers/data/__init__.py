@@ -3,8 +3,10 @@
 from lit_transformers.data.bert import EncoderCollator, MaskedLMDataModule
 from lit_transformers.data.captions import CaptionDataModule, read_caption_table
 from lit_transformers.data.corpus import CorpusSpec, load_documents, split_documents
+from lit_transformers.data.gettext import language_samples, read_mo
 from lit_transformers.data.images import ImageClassificationDataModule, build_transform, load_image_splits
 from lit_transformers.data.lm import CausalLMDataModule, TokenWindows
+from lit_transformers.data.text_classification import TextClassificationDataModule, read_labeled_table
 
 __all__ = [
     "CaptionDataModule",
@@ -13,10 +15,14 @@ __all__ = [
     "EncoderCollator",
     "ImageClassificationDataModule",
     "MaskedLMDataModule",
+    "TextClassificationDataModule",
     "TokenWindows",
     "build_transform",
+    "language_samples",
     "load_documents",
     "load_image_splits",
+    "read_labeled_table",
+    "read_mo",
     "read_caption_table",
     "split_documents",
 ]

@@ -7,6 +7,7 @@ from lit_transformers.tasks.encoder import EncoderTask
 from lit_transformers.tasks.image_classification import ImageClassificationTask
 from lit_transformers.tasks.masked_lm import MaskedLMTask
 from lit_transformers.tasks.optim import decay_groups, warmup_cosine, warmup_linear
+from lit_transformers.tasks.sequence_classification import SequenceClassificationTask
 
 __all__ = [
     "CausalLMTask",
@@ -14,6 +15,7 @@ __all__ = [
     "EncoderTask",
     "ImageClassificationTask",
     "MaskedLMTask",
+    "SequenceClassificationTask",
     "Task",
     "build_config",
     "decay_groups",

@@ -135,7 +135,14 @@ class MaskedLMTask(EncoderTask):
         token and the top-k predictions."""
         tok = self.require_tokenizer()
         packed = [
-            pack_pair(tok.encode(s), [], tok.special_id("cls"), tok.special_id("sep"))[0] for s in sentences
+            pack_pair(
+                tok.encode(s),
+                None,
+                tok.special_id("cls"),
+                tok.special_id("sep"),
+                self.model.config.max_position,
+            )[0]
+            for s in sentences
         ]
         ids, valid = right_pad(packed, tok.pad_id, device=self.device)
         specials = torch.tensor(list(tok.ids.values()), device=self.device)
@@ -180,7 +187,7 @@ class MaskedLMTask(EncoderTask):
             "val/mlm_top5",
             ["sentence", "position", "true", "top-5"],
             [
-                [r["sentence"], r["position"], r["true"], " ".join(f"{t}:{p:.2f}" for t, p in r["top"])]
+                [r["sentence"], r["position"], r["true"], " ".join(f"{t}:{p:.3f}" for t, p in r["top"])]
                 for r in rows
             ],
         )

@@ -115,10 +115,20 @@ def build_nsp_pairs(
     return pairs
 
 
-def pack_pair(a: Sequence[int], b: Sequence[int], cls_id: int, sep_id: int) -> tuple[list[int], list[int]]:
-    """``[CLS] A [SEP] B [SEP]`` ids and token types: 0 for ``[CLS] A [SEP]``, 1 for ``B [SEP]``."""
-    ids = [cls_id, *a, sep_id, *b, sep_id]
-    return ids, [0] * (len(a) + 2) + [1] * (len(b) + 1)
+def pack_pair(
+    a: Sequence[int], b: Sequence[int] | None, cls_id: int, sep_id: int, max_len: int | None = None
+) -> tuple[list[int], list[int]]:
+    """``[CLS] A [SEP] B [SEP]`` (or ``[CLS] A [SEP]`` when b is None) ids and token types: 0 for
+    ``[CLS] A [SEP]``, 1 for ``B [SEP]``. With ``max_len``, the longer segment loses its last tokens until the
+    whole fits (Hugging Face's "longest_first"), deterministically."""
+    a, b = list(a), None if b is None else list(b)
+    if max_len is not None:
+        room = max_len - (2 if b is None else 3)
+        while len(a) + len(b or []) > room:
+            (a if b is None or len(a) >= len(b) else b).pop()
+    if b is None:
+        return [cls_id, *a, sep_id], [0] * (len(a) + 2)
+    return [cls_id, *a, sep_id, *b, sep_id], [0] * (len(a) + 2) + [1] * (len(b) + 1)
 
 
 def mask_tokens(
