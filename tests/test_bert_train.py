@@ -73,7 +73,12 @@ def test_fast_dev_run_bert_base_pretrain(compose_cfg, size):
 def test_tiny_pretraining_logs_every_metric_and_the_dashboards(compose_cfg, tmp_path):
     metrics = train(compose_cfg("experiment=bert_pretrain", *TINY_BERT))
     with open(tmp_path / "csv" / "metrics.csv") as f:
-        logged = {k for row in csv.DictReader(f) for k, v in row.items() if v}
+        rows = list(csv.DictReader(f))
+    logged = {k for row in rows for k, v in row.items() if v}
+    val_losses = [float(r["val/loss"]) for r in rows if r.get("val/loss")]
+    assert float([r for r in rows if r.get("val/loss_best")][-1]["val/loss_best"]) == pytest.approx(
+        min(val_losses)
+    )
     for key in (
         "train/loss", "train/mlm_loss", "train/nsp_loss", "train/lr/pg1",
         "val/mlm_acc", "val/nsp_acc", "val/mlm_ppl", "val/mlm_loss", "val/nsp_loss", "val/loss", "val/loss_best",

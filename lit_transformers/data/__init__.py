@@ -7,6 +7,7 @@ from lit_transformers.data.gettext import language_samples, read_mo
 from lit_transformers.data.images import ImageClassificationDataModule, build_transform, load_image_splits
 from lit_transformers.data.lm import CausalLMDataModule, TokenWindows
 from lit_transformers.data.text_classification import TextClassificationDataModule, read_labeled_table
+from lit_transformers.data.token_classification import TokenClassificationDataModule, read_conll
 
 __all__ = [
     "CaptionDataModule",
@@ -16,11 +17,13 @@ __all__ = [
     "ImageClassificationDataModule",
     "MaskedLMDataModule",
     "TextClassificationDataModule",
+    "TokenClassificationDataModule",
     "TokenWindows",
     "build_transform",
     "language_samples",
     "load_documents",
     "load_image_splits",
+    "read_conll",
     "read_labeled_table",
     "read_mo",
     "read_caption_table",

@@ -18,15 +18,23 @@ from torch.utils.data import DataLoader
 
 from lit_transformers.data.checks import check_batch_size
 from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents, split_documents
-from lit_transformers.text import Tokenizer, build_nsp_pairs, pack_pair, right_pad, split_sentences
+from lit_transformers.text import (
+    IGNORE_INDEX,
+    Tokenizer,
+    build_nsp_pairs,
+    pack_pair,
+    right_pad,
+    split_sentences,
+)
 
 log = logging.getLogger(__name__)
 
 
 class EncoderCollator:
-    """Examples ``{"input_ids": [...], "token_type_ids": [...], optional "label"}`` -> right-padded batch
+    """Examples ``{"input_ids": [...], "token_type_ids": [...], optional label}`` -> right-padded batch
     with ``attention_mask``, ``eligible`` (maskable: real and not special) and ``word_starts`` (False on
-    ``##`` continuation pieces, for whole-word masking). A class, so DataLoader workers can pickle it."""
+    ``##`` continuation pieces, for whole-word masking); ``label_key`` names a label per example, or a list
+    of labels per token (padded with IGNORE_INDEX). A class, so DataLoader workers can pickle it."""
 
     def __init__(self, tokenizer: Tokenizer, label_key: str | None = None):
         self.pad_id = tokenizer.pad_id
@@ -47,7 +55,11 @@ class EncoderCollator:
             "word_starts": ~self.continuation[ids],
         }
         if self.label_key is not None:
-            batch[self.label_key] = torch.tensor([e[self.label_key] for e in examples], dtype=torch.long)
+            labels = [e[self.label_key] for e in examples]
+            if isinstance(labels[0], list):  # one label per token: padded with IGNORE_INDEX
+                batch[self.label_key] = right_pad(labels, IGNORE_INDEX, width=ids.size(1))[0]
+            else:
+                batch[self.label_key] = torch.tensor(labels, dtype=torch.long)
         return batch
 
 

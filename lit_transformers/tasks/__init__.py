@@ -8,6 +8,7 @@ from lit_transformers.tasks.image_classification import ImageClassificationTask
 from lit_transformers.tasks.masked_lm import MaskedLMTask
 from lit_transformers.tasks.optim import decay_groups, warmup_cosine, warmup_linear
 from lit_transformers.tasks.sequence_classification import SequenceClassificationTask
+from lit_transformers.tasks.token_classification import TokenClassificationTask
 
 __all__ = [
     "CausalLMTask",
@@ -17,6 +18,7 @@ __all__ = [
     "MaskedLMTask",
     "SequenceClassificationTask",
     "Task",
+    "TokenClassificationTask",
     "build_config",
     "decay_groups",
     "load_weights",

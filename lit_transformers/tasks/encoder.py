@@ -49,6 +49,13 @@ class EncoderTask(Task):
         """(B, T, d) hidden states of a batch with ``input_ids``, ``attention_mask``, ``token_type_ids``."""
         return self.model(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
 
+    def log_best_of(self, key: str, value: torch.Tensor, tracker) -> None:
+        """Feed a value computed at validation end to a Min/MaxMetric; log the best so far as ``<key>_best``
+        (``Task.log_best`` reads values logged by steps; these are computed in the epoch-end hook)."""
+        if not self.trainer.sanity_checking:
+            tracker(value)
+            self.log(f"{key}_best", tracker.compute())
+
     def generator(self, *key) -> torch.Generator:
         """A random generator on this task's device seeded by ``key`` (plus the rank): draws that are the
         same on every rerun and resume, and differ between ranks."""

@@ -81,3 +81,26 @@ def labeled_matrix_image(
         strip = strip.rotate(90, expand=True)  # reads upwards
         canvas.paste(strip, (left + j * cell + (cell - strip.width) // 2, top - strip.height - 2))
     return torch.from_numpy(np.asarray(canvas).copy()).permute(2, 0, 1).contiguous()
+
+
+def bio_spans(tags: Sequence[str]) -> set[tuple[str, int, int]]:
+    """Entities (type, first, end) of a BIO tag sequence, as CoNLL's conlleval reads them: ``B-X`` starts
+    an entity, ``I-X`` continues one of type X (and starts one when it follows anything else), ``O`` and
+    unknown tags end it."""
+    spans, current = set(), None  # current: [type, start]
+    for i, tag in enumerate([*tags, "O"]):
+        prefix, _, kind = tag.partition("-")
+        continues = prefix == "I" and current is not None and current[0] == kind
+        if current is not None and not continues:
+            spans.add((current[0], current[1], i))
+            current = None
+        if prefix == "B" or (prefix == "I" and not continues):
+            current = [kind, i]
+    return spans
+
+
+def entity_counts(true_tags: Sequence[str], predicted_tags: Sequence[str]) -> tuple[int, int, int]:
+    """(true positives, predicted entities, true entities) of one sentence: an entity counts when its type
+    and both boundaries match exactly. Entity F1 = 2 tp / (predicted + true), summed over sentences."""
+    true, predicted = bio_spans(true_tags), bio_spans(predicted_tags)
+    return len(true & predicted), len(predicted), len(true)

@@ -111,16 +111,20 @@ class MaskedLMTask(EncoderTask):
     def test_step(self, batch, batch_idx):
         self._eval_step(batch, batch_idx, "test")
 
-    def _log_totals(self, stage: str) -> None:
+    def _log_totals(self, stage: str) -> torch.Tensor | None:
+        """``mlm_ppl`` and ``loss`` (MLM + NSP) from the means over every batch and rank; returns the loss."""
         mlm_metric = getattr(self, f"{stage}_mlm_loss")
-        if mlm_metric.update_count:  # computed over every batch and rank; Lightning resets them afterwards
-            mlm, nsp = mlm_metric.compute(), getattr(self, f"{stage}_nsp_loss").compute()
-            self.log(f"{stage}/mlm_ppl", mlm.exp())
-            self.log(f"{stage}/loss", mlm + nsp, prog_bar=stage == "val")
+        if not mlm_metric.update_count:
+            return None
+        mlm, nsp = mlm_metric.compute(), getattr(self, f"{stage}_nsp_loss").compute()  # Lightning resets them
+        self.log(f"{stage}/mlm_ppl", mlm.exp())
+        self.log(f"{stage}/loss", mlm + nsp, prog_bar=stage == "val")
+        return mlm + nsp
 
     def on_validation_epoch_end(self):
-        self._log_totals("val")
-        self.log_best("val/loss", self.val_loss_best)
+        loss = self._log_totals("val")
+        if loss is not None:
+            self.log_best_of("val/loss", loss, self.val_loss_best)
         if self.hparams.dashboard_sentences and not self.trainer.sanity_checking:
             self.log_predictions(self.hparams.dashboard_sentences)
 
