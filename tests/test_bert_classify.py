@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.utils import instantiate
 
 from lit_transformers.data import TextClassificationDataModule, language_samples, read_labeled_table, read_mo
 from lit_transformers.data.gettext import clean_message
 from lit_transformers.tasks import SequenceClassificationTask
 from lit_transformers.train import train
+from lit_transformers.utils.checkpoints import check_task_fits
 
 from test_bert_train import TINY_BERT, TINY_MODEL, TINY_TRAINER
 
@@ -225,3 +227,5 @@ def test_init_from_hf_directory_and_its_vocab(compose_cfg, tmp_path):
     )
     assert state["hyper_parameters"]["init_from_hf"] is None  # reloading does not need the directory
     assert state["hyper_parameters"]["model"]["d_model"] == 32
+    # resuming with the same command line (ckpt_path=) finds the same model config
+    check_task_fits(state, "last.ckpt", instantiate(cfg.task, _recursive_=False, _convert_="all"))

@@ -49,14 +49,20 @@ MLM_NAMES = {
 NSP_NAMES = {"nsp_head.weight": "cls.seq_relationship.weight", "nsp_head.bias": "cls.seq_relationship.bias"}
 
 
+def read_hf_config(path: str | Path) -> dict:
+    """The ``config.json`` of a Hugging Face BERT directory."""
+    path = Path(path).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"No config.json in {path}; pass a Hugging Face BERT checkpoint directory")
+    return json.loads((path / "config.json").read_text())
+
+
 def load_hf_bert(path_or_model) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config dict, state dict) from a ``transformers`` model object or a local checkpoint directory."""
     if isinstance(path_or_model, torch.nn.Module):
         return path_or_model.config.to_dict(), path_or_model.state_dict()
     path = Path(path_or_model).expanduser()
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"No config.json in {path}; pass a Hugging Face BERT checkpoint directory")
-    config = json.loads((path / "config.json").read_text())
+    config = read_hf_config(path)
     if (path / "model.safetensors").is_file():
         from safetensors.torch import load_file
 

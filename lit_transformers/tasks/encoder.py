@@ -16,14 +16,19 @@ log = logging.getLogger(__name__)
 
 class EncoderTask(Task):
     """Base of the BERT tasks. Args: ``model``, the BERT config spec (``vocab_size: null`` takes the
-    tokenizer's); ``init_from_hf``: a Hugging Face BERT directory whose config and weights replace the spec
-    (train with its tokenizer: ``data.tokenizer_path=<the same directory>``); the rest as in :class:`Task`."""
+    tokenizer's); ``init_from_hf``: a Hugging Face BERT directory whose config replaces the spec and whose
+    weights initialise the body (train with its tokenizer: ``data.tokenizer_path=<the same directory>``);
+    the rest as in :class:`Task`."""
 
     pretraining_heads = False  # MaskedLMTask builds the MLM and NSP heads; fine-tuning tasks the body alone
     # a fine-tuning task initialised from a pretraining checkpoint leaves its heads behind
     dropped_heads = ("model.mlm_head", "model.nsp_head")
 
     def __init__(self, model: dict | BERTConfig, init_from_hf: str | None = None, **task_args):
+        if init_from_hf:  # the architecture is the checkpoint's: recorded now, so a resumed run matches it
+            from lit_transformers.models.hf_bert import config_from_hf, read_hf_config
+
+            model = config_from_hf(read_hf_config(init_from_hf), self.pretraining_heads)
         model = config_spec(model)  # before the base records the arguments as hyperparameters
         super().__init__(**task_args)
 
@@ -38,8 +43,8 @@ class EncoderTask(Task):
                     f"{tokenizer.vocab_size} tokens; set data.tokenizer_path={path} to use the checkpoint's own"
                 )
             log.info("init_from_hf: loaded the BERT in %s", path)
-            # checkpoints of this task rebuild the same architecture without the Hugging Face directory
-            self.hparams.model = config_spec(bert.config)
+            # checkpoints of this task rebuild the same architecture (hparams.model, set in __init__) without
+            # the Hugging Face directory
             self.hparams.init_from_hf = None
             return bert
         config = self.text_model_config(vocab_size=lambda tok: tok.vocab_size)
