@@ -51,7 +51,8 @@ class MaskedLMTask(EncoderTask):
     def build_model(self) -> BERT:
         return self.build_bert()
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, T, d) hidden states of an unmasked batch."""
         return self.encode(batch)
 
     def mask(

@@ -138,7 +138,7 @@ class Tokenizer:
     def from_file(cls, path: str | Path, special_tokens: Mapping[str, str] | None = None) -> Tokenizer:
         """A ``tokenizer.json``, a ``.ckpt`` written by train.py (the tokenizer it was trained with), a BERT
         ``vocab.txt``, or a Hugging Face checkpoint directory holding either file. ``special_tokens``
-        default to GPT's roles, or BERT's for vocab.txt and for tokenizer.json files that contain [CLS]."""
+        default to GPT's roles, or BERT's for vocab.txt and for tokenizer.json files with all of BERT's tokens."""
         path = Path(path).expanduser()
         if path.is_dir():
             found = [path / name for name in ("tokenizer.json", "vocab.txt") if (path / name).is_file()]
@@ -157,9 +157,9 @@ class Tokenizer:
             return cls(backend, special_tokens or BERT_SPECIAL_TOKENS)
         backend = HFTokenizer.from_file(str(path))
         if special_tokens is None:
-            special_tokens = (
-                BERT_SPECIAL_TOKENS if backend.token_to_id("[CLS]") is not None else SPECIAL_TOKENS
-            )
+            bert = all(backend.token_to_id(t) is not None for t in BERT_SPECIAL_TOKENS.values())
+            gpt = backend.token_to_id(SPECIAL_TOKENS["pad"]) is not None
+            special_tokens = BERT_SPECIAL_TOKENS if bert and not gpt else SPECIAL_TOKENS
         return cls(backend, special_tokens)
 
     @classmethod
