@@ -197,3 +197,18 @@ def test_warmup_linear_rises_then_decays_to_zero():
     assert lrs[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
     assert lrs[5:] == pytest.approx([(20 - s) / 15 for s in range(5, 20)])
     assert opt.param_groups[0]["lr"] == 0.0
+
+
+def test_a_one_document_corpus_is_a_clear_error(tmp_path):
+    from lit_transformers.data import MaskedLMDataModule
+
+    (tmp_path / "one.txt").write_text("A single paragraph. It has two sentences.\n")
+    dm = MaskedLMDataModule(
+        corpus={"source": "path", "path": str(tmp_path / "one.txt")},
+        vocab_size=50,
+        val_fraction=0.0,
+        test_fraction=0.0,
+        cache_dir=str(tmp_path),
+    )
+    with pytest.raises(ValueError, match="train split has 1 document.*NotNext"):
+        dm.setup()

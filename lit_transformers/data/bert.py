@@ -128,6 +128,12 @@ class MaskedLMDataModule(L.LightningDataModule):
         for role in ("cls", "sep", "mask"):
             tok.special_id(role)  # a clear error for a tokenizer without BERT's special tokens
         for name, docs in self.splits.items():
+            if len(docs) < 2:
+                raise ValueError(
+                    f"The {name} split has {len(docs)} document(s); next-sentence prediction draws NotNext segments "
+                    f"from another document, so every split needs two. Add documents (a folder of .txt files, or a "
+                    f"file with blank-line separated paragraphs) or raise data.{name}_fraction"
+                )
             documents = [tok.encode_batch(split_sentences(text)) for _, text in docs]
             passes = h.dupe_factor if name == "train" else 1
             pairs = [
