@@ -136,44 +136,28 @@ class MaskedLMTask(EncoderTask):
 
     @torch.no_grad()
     def predict_masked(self, sentences: list[str], k: int = 5, seed: int = 0) -> list[dict]:
-        """Mask ~15% of each sentence's tokens (fixed draw) -> one row per masked position with the true
-        token and the top-k predictions."""
+        """Mask ~15% of each sentence's tokens (a fixed draw; all of them shown as [MASK]) -> one row per
+        masked position: the masked sentence, the position, the true token and the top-k predictions."""
         tok = self.require_tokenizer()
-        packed = [
-            pack_pair(
-                tok.encode(s),
-                None,
-                tok.special_id("cls"),
-                tok.special_id("sep"),
-                self.model.config.max_position,
-            )[0]
-            for s in sentences
-        ]
+        cls_id, sep_id, mask_id = (tok.special_id(role) for role in ("cls", "sep", "mask"))
+        max_len = self.model.config.max_position
+        packed = [pack_pair(tok.encode(s), None, cls_id, sep_id, max_len)[0] for s in sentences]
         ids, valid = right_pad(packed, tok.pad_id, device=self.device)
-        specials = torch.tensor(list(tok.ids.values()), device=self.device)
-        eligible = valid & ~torch.isin(ids, specials)
-        masked, labels = mask_tokens(
-            ids,
-            eligible,
-            tok.special_id("mask"),
-            tok.vocab_size,
-            torch.Generator(self.device).manual_seed(seed),
-        )
-        masked = torch.where(
-            labels != IGNORE_INDEX, tok.special_id("mask"), masked
-        )  # show [MASK] at every one
+        eligible = valid & ~torch.isin(ids, torch.tensor(list(tok.ids.values()), device=self.device))
+        generator = torch.Generator(self.device).manual_seed(seed)
+        _, labels = mask_tokens(ids, eligible, mask_id, tok.vocab_size, generator)
+        selected = labels != IGNORE_INDEX
+        masked = ids.masked_fill(selected, mask_id)
         was_training = self.model.training
         self.model.eval()
         probs = self.model.mlm_logits(self.model(masked, valid)).softmax(-1)  # (B, T, V)
         self.model.train(was_training)
         rows = []
-        for b, t in (labels != IGNORE_INDEX).nonzero().tolist():
+        for b, t in selected.nonzero().tolist():
             top = probs[b, t].topk(k)
             rows.append(
                 {
-                    "sentence": tok.decode(masked[b].tolist(), skip_special_tokens=False).replace(
-                        " [PAD]", ""
-                    ),
+                    "sentence": tok.decode(masked[b, valid[b]].tolist(), skip_special_tokens=False),
                     "position": t,
                     "true": tok.id_to_token(labels[b, t].item()),
                     "top": [
