@@ -184,3 +184,15 @@ def test_presets_have_the_published_sizes():
             sizes[name] = BERT(BERTConfig(**{**spec, "pretraining_heads": False})).num_params()
     assert 108e6 < sizes["bert_base"] < 111e6  # "110M"
     assert 333e6 < sizes["bert_large"] < 336e6  # "340M"
+
+
+def test_bert_for_masked_lm_loads_its_mlm_head_and_a_fresh_nsp_head():
+    hf = _hf(transformers.BertForMaskedLM, seed=7)
+    ours = BERT.from_hf(hf).eval()
+    ids, mask, types = _inputs(seed=8)
+    real = mask.bool()
+    expected = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+    torch.testing.assert_close(
+        ours.mlm_logits(ours(ids, mask, types))[real], expected[real], atol=1e-4, rtol=0
+    )
+    assert ours.nsp_head.weight.shape == (2, SMALL["hidden_size"])
