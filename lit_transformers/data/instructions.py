@@ -23,13 +23,11 @@ from collections import Counter
 from functools import partial
 from pathlib import Path
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader
 
 from lit_transformers.data.checks import check_batch_size
 from lit_transformers.data.corpus import CorpusSpec, load_documents, load_hub_dataset
-from lit_transformers.data.loaders import make_loader
+from lit_transformers.data.loaders import CollatedSplits
 from lit_transformers.text import IGNORE_INDEX, Tokenizer, left_pad, pad_pairs, right_pad, split_by_fractions
 from lit_transformers.text.instructions import make_examples
 
@@ -162,7 +160,7 @@ def collate(items: list[dict], format: str, pad_id: int, packing: bool = False, 
     return batch
 
 
-class InstructionDataModule(L.LightningDataModule):
+class InstructionDataModule(CollatedSplits):
     def __init__(
         self,
         format: str = "sft",
@@ -279,29 +277,10 @@ class InstructionDataModule(L.LightningDataModule):
             if not records:
                 raise ValueError(f"The {name} split is empty; raise data.val_fraction/data.test_fraction")
             self.datasets[name] = [self.encode(r) for r in records]
+        h = self.hparams
+        self.collate = partial(
+            collate, format=h.format, pad_id=self.tokenizer.pad_id, packing=h.packing, width=h.max_length
+        )
         log.info(
             "Instruction records (%s): %s", self.hparams.format, {k: len(v) for k, v in self.datasets.items()}
         )
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        h = self.hparams
-        return make_loader(
-            self.datasets[split],
-            h.batch_size,
-            shuffle,
-            h.num_workers,
-            partial(
-                collate, format=h.format, pad_id=self.tokenizer.pad_id, packing=h.packing, width=h.max_length
-            ),
-            drop_last=shuffle and len(self.datasets[split]) > h.batch_size,
-            trainer=self.trainer,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)

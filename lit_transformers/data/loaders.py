@@ -87,3 +87,33 @@ def make_loader(
         else None
     )
     return DataLoader(dataset, sampler=sampler, **common)
+
+
+class CollatedSplits(L.LightningDataModule):
+    """The loaders of a datamodule that keeps each split as a list in ``self.datasets[split]`` and batches it
+    with ``self.collate``: shuffled and resumable for training, each sample once for evaluation."""
+
+    datasets: dict[str, list]
+    collate = None
+
+    def _dataloader(self, split: str, shuffle: bool) -> DataLoader:
+        h = self.hparams
+        return make_loader(
+            self.datasets[split],
+            h.batch_size,
+            shuffle,
+            h.num_workers,
+            self.collate,
+            drop_last=shuffle
+            and len(self.datasets[split]) > h.batch_size,  # a full last batch, when there is one
+            trainer=self.trainer,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._dataloader("train", shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._dataloader("val", shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._dataloader("test", shuffle=False)

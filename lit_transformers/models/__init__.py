@@ -1,11 +1,14 @@
 """Model families as plain ``nn.Module``s (no Lightning)."""
 
 from lit_transformers.models.backbone import create_backbone
+from lit_transformers.models.bert import BERT, BERTConfig
 from lit_transformers.models.clip import CLIP, CLIPConfig
 from lit_transformers.models.gpt import GPT, GPTConfig
 from lit_transformers.models.scalar import ScalarGPT
 
 __all__ = [
+    "BERT",
+    "BERTConfig",
     "CLIP",
     "CLIPConfig",
     "GPT",

@@ -11,7 +11,7 @@ from lit_transformers.nn.attention import (
 )
 from lit_transformers.nn.blocks import DecoderBlock, EncoderBlock, FeedForward, LayerCache, TransformerBlock
 from lit_transformers.nn.generation import generate, sample_next, token_logprobs
-from lit_transformers.nn.heads import ClassifierHead, LMHead, ScalarHead
+from lit_transformers.nn.heads import ClassifierHead, LMHead, MaskedLMHead, ScalarHead
 from lit_transformers.nn.losses import IGNORE_INDEX, ClipLoss, token_cross_entropy
 from lit_transformers.nn.positions import (
     LearnedPositions,
@@ -44,6 +44,7 @@ __all__ = [
     "LMHead",
     "LayerCache",
     "LearnedPositions",
+    "MaskedLMHead",
     "MultiHeadAttention",
     "RotaryEmbedding",
     "ScalarHead",

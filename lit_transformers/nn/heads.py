@@ -1,4 +1,5 @@
-"""Heads that sit on a body's hidden states (B, T, d): language model, scalar (reward/value), classifier."""
+"""Heads that sit on a body's hidden states (B, T, d): language model, masked LM, scalar (reward/value),
+classifier."""
 
 from __future__ import annotations
 
@@ -11,6 +12,23 @@ class LMHead(nn.Linear):
 
     def __init__(self, d_model: int, vocab_size: int):
         super().__init__(d_model, vocab_size, bias=False)
+
+
+class MaskedLMHead(nn.Module):
+    """BERT's MLM head: transform (dense -> GELU -> LayerNorm), then a decoder to the vocabulary whose weight
+    is tied to the word embeddings and whose bias is its own (``cls.predictions`` in Hugging Face)."""
+
+    def __init__(self, d_model: int, vocab_size: int, norm_eps: float = 1e-12, activation: str = "gelu"):
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+        self.act = nn.GELU(approximate="tanh" if activation == "gelu_tanh" else "none")
+        self.norm = nn.LayerNorm(d_model, eps=norm_eps)
+        self.decoder = nn.Linear(d_model, vocab_size, bias=False)  # weight tied by the model
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., d) hidden states of the positions to predict -> (..., vocab_size) logits."""
+        return self.decoder(self.norm(self.act(self.dense(hidden)))) + self.bias
 
 
 class ScalarHead(nn.Module):

@@ -119,6 +119,8 @@ class Task(L.LightningModule):
         str, ...
     ] = ()  # state-dict prefixes (e.g. "model.head") created fresh on top of init_from
     frozen: tuple[str, ...] = ()  # submodules kept fixed: no gradient, not optimised, always in eval mode
+    # state-dict prefixes (e.g. "model.mlm_head") of parent heads this task does not build: dropped on init_from
+    dropped_heads: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -214,6 +216,9 @@ class Task(L.LightningModule):
                     f"this run's data ({self.tokenizer.vocab_size} tokens); set data.tokenizer_path={path} "
                     "to train with the parent's tokenizer"
                 )
+            dropped = tuple(h.removeprefix(prefix) for h in self.dropped_heads if h.startswith(prefix))
+            if dropped:  # e.g. a classifier fine-tuned from a pretraining checkpoint leaves its MLM/NSP heads
+                checkpoint = {k: v for k, v in model_weights(checkpoint).items() if not k.startswith(dropped)}
             fresh = load_weights(self.get_submodule(target), path, new, checkpoint)
             log.info(
                 "init_from: loaded %s into %s%s",

@@ -1,4 +1,5 @@
-"""Optimiser parameter groups and the warmup + cosine learning-rate schedule shared by every task."""
+"""Optimiser parameter groups and the learning-rate schedules shared by every task: warmup + cosine (GPT,
+ViT, CLIP) and warmup + linear decay (BERT)."""
 
 from __future__ import annotations
 
@@ -48,5 +49,27 @@ def warmup_cosine(
             return (step + 1) / warmup_steps
         progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
         return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return LambdaLR(optimizer, factor)
+
+
+def warmup_linear(optimizer: Optimizer, total_steps: int, warmup_steps: int = 100) -> LambdaLR:
+    """BERT's schedule: linear warmup over ``warmup_steps`` (as :func:`warmup_cosine`), then linear decay to
+    zero at ``total_steps``."""
+    total_steps = max(int(total_steps), 1)
+    if warmup_steps > total_steps:
+        log.warning(
+            "Warmup (%d steps) is longer than training (%d steps); warming up over %d steps instead. "
+            "Lower task.scheduler.warmup_steps or raise trainer.max_steps.",
+            warmup_steps,
+            total_steps,
+            total_steps,
+        )
+    warmup_steps = min(int(warmup_steps), total_steps)
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
 
     return LambdaLR(optimizer, factor)

@@ -1,19 +1,21 @@
-"""Tokenizers built on HF ``tokenizers``: byte-level BPE or characters, with configurable special tokens.
+"""Tokenizers built on HF ``tokenizers``: byte-level BPE, characters or WordPiece (BERT), with configurable
+special tokens.
 
-Both kinds are a ``tokenizers.Tokenizer`` underneath, so one JSON file saves and reloads either. Which
+Every kind is a ``tokenizers.Tokenizer`` underneath, so one JSON file saves and reloads any of them. Which
 special token plays which role (pad, bos, eos, unk; BERT adds cls, sep, mask) travels with it in
 :meth:`Tokenizer.state`, the form checkpoints store.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
 log = logging.getLogger(__name__)
@@ -22,7 +24,9 @@ log = logging.getLogger(__name__)
 # Byte-level BPE encodes every byte, so only the char tokenizer adds UNK_TOKEN for unseen characters.
 SPECIAL_TOKENS = {"pad": "<|pad|>", "bos": "<|bos|>", "eos": "<|endoftext|>"}
 UNK_TOKEN = "<|unk|>"
-KINDS = ("bpe", "char")
+# BERT's roles and strings, the default of kind="wordpiece" (and of vocab.txt files)
+BERT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+KINDS = ("bpe", "char", "wordpiece")
 
 
 class Tokenizer:
@@ -53,6 +57,9 @@ class Tokenizer:
     def eos_id(self) -> int:
         return self.special_id("eos")
 
+    def id_to_token(self, i: int) -> str | None:
+        return self.backend.id_to_token(i)
+
     # ---- construction ------------------------------------------------------------------------
 
     @classmethod
@@ -61,8 +68,13 @@ class Tokenizer:
         texts: Iterable[str],
         kind: str = "bpe",
         vocab_size: int = 4096,
-        special_tokens: Mapping[str, str] = SPECIAL_TOKENS,
+        special_tokens: Mapping[str, str] | None = None,
+        lowercase: bool = False,
     ) -> Tokenizer:
+        """``special_tokens`` default to BERT's for wordpiece and GPT's otherwise; ``lowercase`` (wordpiece
+        only) also strips accents, as BERT's uncased models do."""
+        if special_tokens is None:
+            special_tokens = BERT_SPECIAL_TOKENS if kind == "wordpiece" else SPECIAL_TOKENS
         if kind == "char":
             special_tokens = {**special_tokens, "unk": special_tokens.get("unk", UNK_TOKEN)}
         specials = list(special_tokens.values())
@@ -84,6 +96,15 @@ class Tokenizer:
             backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
             backend.decoder = decoders.Fuse()  # join characters without spaces
             backend.add_special_tokens(specials)  # so decode(skip_special_tokens=True) drops them
+        elif kind == "wordpiece":
+            if "unk" not in special_tokens:
+                raise ValueError("A WordPiece tokenizer needs an 'unk' special token")
+            backend = HFTokenizer(models.WordPiece(unk_token=special_tokens["unk"]))
+            _bert_pipeline(backend, lowercase)
+            trainer = trainers.WordPieceTrainer(
+                vocab_size=vocab_size, special_tokens=specials, show_progress=False
+            )
+            backend.train_from_iterator(texts, trainer=trainer)
         else:
             raise ValueError(f"Unknown tokenizer kind {kind!r}; choose one of {KINDS}")
         return cls(backend, special_tokens)
@@ -95,15 +116,18 @@ class Tokenizer:
         texts: Callable[[], Iterable[str]],
         kind: str = "bpe",
         vocab_size: int = 4096,
-        special_tokens: Mapping[str, str] = SPECIAL_TOKENS,
+        special_tokens: Mapping[str, str] | None = None,
+        lowercase: bool = False,
     ) -> Tokenizer:
         """Load the tokenizer cached at ``path``, or train it on ``texts()`` and cache it atomically (a
         concurrent reader never sees half a file). Call it on one rank first (``prepare_data``), then on
         every rank, which then only loads."""
         path = Path(path)
+        if special_tokens is None:
+            special_tokens = BERT_SPECIAL_TOKENS if kind == "wordpiece" else SPECIAL_TOKENS
         if path.exists():
             return cls.from_file(path, special_tokens)
-        tokenizer = cls.train(texts(), kind, vocab_size, special_tokens)
+        tokenizer = cls.train(texts(), kind, vocab_size, special_tokens, lowercase)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tokenizer.save(tmp)
         tmp.replace(path)
@@ -111,14 +135,32 @@ class Tokenizer:
         return tokenizer
 
     @classmethod
-    def from_file(cls, path: str | Path, special_tokens: Mapping[str, str] = SPECIAL_TOKENS) -> Tokenizer:
-        """A ``tokenizer.json``, or a ``.ckpt`` written by train.py (the tokenizer it was trained with)."""
+    def from_file(cls, path: str | Path, special_tokens: Mapping[str, str] | None = None) -> Tokenizer:
+        """A ``tokenizer.json``, a ``.ckpt`` written by train.py (the tokenizer it was trained with), a BERT
+        ``vocab.txt``, or a Hugging Face checkpoint directory holding either file. ``special_tokens``
+        default to GPT's roles, or BERT's for vocab.txt and for tokenizer.json files with all of BERT's tokens."""
         path = Path(path).expanduser()
+        if path.is_dir():
+            found = [path / name for name in ("tokenizer.json", "vocab.txt") if (path / name).is_file()]
+            if not found:
+                raise FileNotFoundError(f"No tokenizer.json or vocab.txt in {path}; pass a tokenizer file")
+            path = found[0]
         if not path.is_file():
-            raise FileNotFoundError(f"Tokenizer file {path} not found; pass a tokenizer.json or a .ckpt")
+            raise FileNotFoundError(
+                f"Tokenizer file {path} not found; pass a tokenizer.json, vocab.txt or .ckpt"
+            )
         if path.suffix == ".ckpt":
             return cls.from_checkpoint(path)
-        return cls(HFTokenizer.from_file(str(path)), special_tokens)
+        if path.suffix == ".txt":  # BERT vocab.txt: one WordPiece token per line
+            backend = HFTokenizer(models.WordPiece.from_file(str(path), unk_token="[UNK]"))
+            _bert_pipeline(backend, _hf_lowercase(path.parent))
+            return cls(backend, special_tokens or BERT_SPECIAL_TOKENS)
+        backend = HFTokenizer.from_file(str(path))
+        if special_tokens is None:
+            bert = all(backend.token_to_id(t) is not None for t in BERT_SPECIAL_TOKENS.values())
+            gpt = backend.token_to_id(SPECIAL_TOKENS["pad"]) is not None
+            special_tokens = BERT_SPECIAL_TOKENS if bert and not gpt else SPECIAL_TOKENS
+        return cls(backend, special_tokens)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path) -> Tokenizer:
@@ -158,3 +200,21 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def _bert_pipeline(backend: HFTokenizer, lowercase: bool) -> None:
+    """BERT's text handling around a WordPiece model: clean text, split CJK characters, optionally lowercase
+    and strip accents, split on whitespace and punctuation; decoding joins ``##`` continuations."""
+    backend.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
+    )
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(prefix="##")
+
+
+def _hf_lowercase(directory: Path) -> bool:
+    """``do_lower_case`` of a Hugging Face tokenizer_config.json beside a vocab.txt (BERT's default: True)."""
+    config = directory / "tokenizer_config.json"
+    if config.is_file():
+        return bool(json.loads(config.read_text()).get("do_lower_case", True))
+    return True

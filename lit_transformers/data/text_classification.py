@@ -1,0 +1,227 @@
+"""Labelled text for fine-tuning: the gettext language-ID demo, or your own CSV / TSV / JSONL file.
+
+Each example is a text (and optionally a second text, ``text_pair``) with a label; it becomes
+``[CLS] text [SEP] (text_pair [SEP])`` with token types, as in BERT's sentence(-pair) classification.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import logging
+import os
+from functools import cached_property
+from pathlib import Path
+
+from lit_transformers.data.bert import EncoderCollator
+from lit_transformers.data.checks import check_batch_size
+from lit_transformers.data.gettext import DEFAULT_LOCALE_DIR, language_samples
+from lit_transformers.data.loaders import CollatedSplits
+from lit_transformers.text import Tokenizer, pack_pair, split_by_fractions
+
+log = logging.getLogger(__name__)
+SOURCES = ("gettext", "file")
+Example = dict  # {"text": str, "text_pair": str | None, "label": str, "where": "file, line N"}
+
+
+def read_labeled_table(
+    path: str | Path, text_field: str = "text", text_pair_field: str = "text_pair", label_field: str = "label"
+) -> list[Example]:
+    """Rows of a .csv, .tsv or .jsonl file with a text column, a label column and optionally a text-pair
+    column. Errors name the file, the line and the column."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"Data file {path} not found; set data.path=<file.csv|.tsv|.jsonl>")
+    suffix = path.suffix.lower()
+    rows: list[tuple[int, dict]] = []
+    with open(path, encoding="utf-8", newline="") as f:
+        if suffix in (".csv", ".tsv"):
+            reader = csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ",")
+            columns = reader.fieldnames or []
+            for row in reader:
+                rows.append((reader.line_num, row))
+        elif suffix in (".jsonl", ".json"):
+            columns = None
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ValueError(
+                        f"{path}, line {n}: not valid JSON ({err.msg}, column {err.colno})"
+                    ) from err
+                if not isinstance(row, dict):
+                    raise ValueError(
+                        f"{path}, line {n}: expected a JSON object with {text_field!r} and {label_field!r}"
+                    )
+                rows.append((n, row))
+        else:
+            raise ValueError(f"{path}: unknown file type {suffix!r}; use .csv, .tsv or .jsonl")
+    if columns is not None:
+        for field in (text_field, label_field):
+            if field not in columns:
+                raise ValueError(
+                    f"{path}, line 1: no column {field!r} (columns: {columns}); rename it or set "
+                    f"data.{'text_field' if field == text_field else 'label_field'}"
+                )
+    examples = []
+    for n, row in rows:
+        where = f"{path}, line {n}"
+        for field in (text_field, label_field):
+            value = row.get(field)
+            if value is None or str(value).strip() == "":
+                raise ValueError(f"{where}, column {field!r}: missing or empty")
+        pair = row.get(text_pair_field)
+        examples.append(
+            {
+                "text": str(row[text_field]),
+                "text_pair": str(pair) if pair not in (None, "") else None,
+                "label": str(row[label_field]),
+                "where": where,
+            }
+        )
+    if not examples:
+        raise ValueError(f"{path} holds no examples")
+    return examples
+
+
+class TextClassificationDataModule(CollatedSplits):
+    """Args: ``source``: gettext (language ID from ``path``, a locale directory, default /usr/share/locale)
+    or file (``path`` a .csv/.tsv/.jsonl); ``test_path``: an optional separate test file (its labels must be
+    among the training labels); ``languages``, ``max_per_language``, ``min_letters``: the gettext demo;
+    the column names; ``tokenizer_path`` (a parent .ckpt, a Hugging Face BERT directory) or a WordPiece
+    trained on the training texts (``vocab_size``, ``lowercase``); ``max_seq_len``; the split fractions."""
+
+    def __init__(
+        self,
+        source: str = "gettext",
+        path: str | None = None,
+        test_path: str | None = None,
+        languages: list[str] | None = None,
+        max_per_language: int | None = 1000,
+        min_letters: int = 10,
+        text_field: str = "text",
+        text_pair_field: str = "text_pair",
+        label_field: str = "label",
+        vocab_size: int = 4096,
+        lowercase: bool = False,
+        tokenizer_path: str | None = None,
+        max_seq_len: int = 128,
+        batch_size: int = 32,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        num_workers: int = 0,
+        seed: int = 0,
+        cache_dir: str = "~/.cache/lit_transformers",
+    ):
+        super().__init__()
+        check_batch_size(batch_size)
+        if source not in SOURCES:
+            raise ValueError(f"Unknown data.source={source!r}; choose one of {SOURCES}")
+        self.save_hyperparameters()
+        self.tokenizer: Tokenizer | None = None
+        self.datasets: dict[str, list[dict]] = {}
+
+    @cached_property
+    def examples(self) -> list[Example]:
+        h = self.hparams
+        if h.source == "gettext":
+            locale_dir = h.path or DEFAULT_LOCALE_DIR
+            pairs = language_samples(locale_dir, h.languages or [], h.max_per_language, h.min_letters)
+            return [
+                {"text": t, "text_pair": None, "label": lang, "where": f"{locale_dir} ({lang})"}
+                for t, lang in pairs
+            ]
+        if not h.path:
+            raise ValueError(
+                "data.source=file needs data.path=<file.csv|.tsv|.jsonl> with text and label columns"
+            )
+        return read_labeled_table(h.path, h.text_field, h.text_pair_field, h.label_field)
+
+    @cached_property
+    def class_names(self) -> list[str]:
+        return sorted({e["label"] for e in self.examples})
+
+    @cached_property
+    def splits(self) -> dict[str, list[Example]]:
+        h = self.hparams
+        keys = [f"{e['text']}\t{e['text_pair']}" for e in self.examples]
+        test_fraction = 0.0 if h.test_path else h.test_fraction
+        parts = split_by_fractions(keys, h.val_fraction, test_fraction, h.seed, "examples")
+        splits = {name: [self.examples[i] for i in idx] for name, idx in parts.items()}
+        if h.test_path:
+            splits["test"] = read_labeled_table(h.test_path, h.text_field, h.text_pair_field, h.label_field)
+            known = set(self.class_names)
+            for e in splits["test"]:
+                if e["label"] not in known:
+                    raise ValueError(
+                        f"{e['where']}, column {h.label_field!r}: label {e['label']!r} is not among the training "
+                        f"labels {sorted(known)}; the classifier cannot predict it"
+                    )
+        return splits
+
+    @cached_property
+    def tokenizer_cache(self) -> Path:
+        h = self.hparams
+        identity = json.dumps(
+            [
+                h.source,
+                h.path,
+                h.languages,
+                h.max_per_language,
+                h.min_letters,
+                h.val_fraction,
+                h.test_fraction,
+                h.seed,
+                self._file_identity(),
+            ],
+            default=str,
+        )
+        key = f"{hashlib.sha1(identity.encode()).hexdigest()[:16]}-wordpiece-{h.vocab_size}-{h.lowercase}"
+        return Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / f"{key}.json"
+
+    def _file_identity(self):
+        path = Path(self.hparams.path or DEFAULT_LOCALE_DIR).expanduser()
+        return (path.stat().st_size, path.stat().st_mtime_ns) if path.is_file() else None
+
+    def load_tokenizer(self) -> Tokenizer:
+        h = self.hparams
+        if h.tokenizer_path:
+            return Tokenizer.from_file(h.tokenizer_path)
+        return Tokenizer.load_or_train(
+            self.tokenizer_cache,
+            lambda: [t for e in self.splits["train"] for t in (e["text"], e["text_pair"]) if t],
+            "wordpiece",
+            h.vocab_size,
+            lowercase=h.lowercase,
+        )
+
+    def prepare_data(self) -> None:
+        self.load_tokenizer()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        h = self.hparams
+        self.tokenizer = tok = self.load_tokenizer()
+        cls_id, sep_id = tok.special_id("cls"), tok.special_id("sep")
+        label_id = {name: i for i, name in enumerate(self.class_names)}
+        for name, examples in self.splits.items():
+            if not examples:
+                raise ValueError(f"The {name} split has no examples; add data or raise data.{name}_fraction")
+            texts = tok.encode_batch([e["text"] for e in examples])
+            pairs = [tok.encode(e["text_pair"]) if e["text_pair"] is not None else None for e in examples]
+            self.datasets[name] = []
+            for e, a, b in zip(examples, texts, pairs):
+                ids, types = pack_pair(a, b, cls_id, sep_id, h.max_seq_len)
+                self.datasets[name].append(
+                    {"input_ids": ids, "token_type_ids": types, "labels": label_id[e["label"]]}
+                )
+        self.collate = EncoderCollator(tok, label_key="labels")
+        log.info(
+            "Examples: %s over %d classes",
+            {n: len(d) for n, d in self.datasets.items()},
+            len(self.class_names),
+        )

@@ -1,0 +1,168 @@
+"""Word-labelled text for token classification (NER, POS) in CoNLL format.
+
+One word per line, its label in the last column (``EU B-ORG``, or CoNLL-2003's ``EU NNP B-NP B-ORG``); a
+blank line ends a sentence; ``-DOCSTART-`` lines are skipped. Each word is split into WordPieces; its label
+goes on the first piece, the other pieces (and [CLS], [SEP], padding) get IGNORE_INDEX.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from functools import cached_property
+from pathlib import Path
+
+from lit_transformers.data.bert import EncoderCollator
+from lit_transformers.data.checks import check_batch_size
+from lit_transformers.data.loaders import CollatedSplits
+from lit_transformers.text import IGNORE_INDEX, Tokenizer, split_by_fractions
+
+log = logging.getLogger(__name__)
+Sentence = dict  # {"words": [str], "labels": [str], "where": "file, line N"}
+
+
+def read_conll(path: str | Path) -> list[Sentence]:
+    """Sentences of a CoNLL file; a line with a single column (no label) is an error naming file and line."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Data file {path} not found; set data.path=<CoNLL file: word ... label per line>"
+        )
+    sentences, words, labels, start = [], [], [], 1
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate([*f, "\n"], 1):
+            columns = line.split()
+            if not columns or columns[0] == "-DOCSTART-":
+                if words:
+                    sentences.append({"words": words, "labels": labels, "where": f"{path}, line {start}"})
+                words, labels, start = [], [], n + 1
+                continue
+            if len(columns) < 2:
+                raise ValueError(
+                    f"{path}, line {n}: {line.strip()!r} has no label column; write 'word label'"
+                )
+            words.append(columns[0])
+            labels.append(columns[-1])
+    if not sentences:
+        raise ValueError(f"{path} holds no sentences")
+    return sentences
+
+
+def align_labels(
+    word_pieces: list[list[int]], labels: list[int], cls_id: int, sep_id: int, unk_id: int, max_len: int
+) -> tuple[list[int], list[int]]:
+    """``[CLS] pieces... [SEP]`` ids and per-piece labels: each word's label on its first piece, IGNORE_INDEX
+    on the rest and on the specials. A word the tokenizer drops entirely becomes [UNK]; words that do not
+    fit in ``max_len`` are cut (whole words only)."""
+    ids, piece_labels = [cls_id], [IGNORE_INDEX]
+    for pieces, label in zip(word_pieces, labels):
+        pieces = pieces or [unk_id]
+        if len(ids) + len(pieces) > max_len - 1:
+            break
+        ids += pieces
+        piece_labels += [label] + [IGNORE_INDEX] * (len(pieces) - 1)
+    return ids + [sep_id], piece_labels + [IGNORE_INDEX]
+
+
+class TokenClassificationDataModule(CollatedSplits):
+    """Args: ``path`` (CoNLL file, split by fractions unless ``val_path``/``test_path`` are given);
+    ``tokenizer_path`` or a WordPiece trained on the training words (``vocab_size``, ``lowercase``);
+    ``max_seq_len``; the split fractions. Labels found only in val/test files are an error naming them."""
+
+    def __init__(
+        self,
+        path: str | None = None,
+        val_path: str | None = None,
+        test_path: str | None = None,
+        vocab_size: int = 4096,
+        lowercase: bool = False,
+        tokenizer_path: str | None = None,
+        max_seq_len: int = 128,
+        batch_size: int = 32,
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        num_workers: int = 0,
+        seed: int = 0,
+        cache_dir: str = "~/.cache/lit_transformers",
+    ):
+        super().__init__()
+        check_batch_size(batch_size)
+        self.save_hyperparameters()
+        self.tokenizer: Tokenizer | None = None
+        self.datasets: dict[str, list[dict]] = {}
+
+    @cached_property
+    def splits(self) -> dict[str, list[Sentence]]:
+        h = self.hparams
+        if not h.path:
+            raise ValueError("Token classification needs data.path=<CoNLL file: word ... label per line>")
+        sentences = read_conll(h.path)
+        keys = [" ".join(s["words"]) + f"\t{i}" for i, s in enumerate(sentences)]
+        fractions = (0.0 if h.val_path else h.val_fraction, 0.0 if h.test_path else h.test_fraction)
+        parts = split_by_fractions(keys, *fractions, h.seed, "sentences")
+        splits = {name: [sentences[i] for i in idx] for name, idx in parts.items()}
+        for name, path in (("val", h.val_path), ("test", h.test_path)):
+            if path:
+                splits[name] = read_conll(path)
+        known = {label for s in splits["train"] for label in s["labels"]}
+        for name in ("val", "test"):
+            for s in splits[name]:
+                unknown = sorted(set(s["labels"]) - known)
+                if unknown:
+                    raise ValueError(
+                        f"{s['where']}: labels {unknown} never occur in the training sentences; the classifier "
+                        "cannot predict them (add training examples, or map them to known labels)"
+                    )
+        return splits
+
+    @cached_property
+    def class_names(self) -> list[str]:
+        return sorted({label for s in self.splits["train"] for label in s["labels"]})
+
+    @cached_property
+    def tokenizer_cache(self) -> Path:
+        h = self.hparams
+        path = Path(h.path).expanduser() if h.path else None
+        stat = (path.stat().st_size, path.stat().st_mtime_ns) if path and path.is_file() else None
+        identity = json.dumps([h.path, stat, h.val_fraction, h.test_fraction, h.seed])
+        key = f"{hashlib.sha1(identity.encode()).hexdigest()[:16]}-wordpiece-{h.vocab_size}-{h.lowercase}"
+        return Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / f"{key}.json"
+
+    def load_tokenizer(self) -> Tokenizer:
+        h = self.hparams
+        if h.tokenizer_path:
+            return Tokenizer.from_file(h.tokenizer_path)
+        return Tokenizer.load_or_train(
+            self.tokenizer_cache,
+            lambda: [" ".join(s["words"]) for s in self.splits["train"]],
+            "wordpiece",
+            h.vocab_size,
+            lowercase=h.lowercase,
+        )
+
+    def prepare_data(self) -> None:
+        self.load_tokenizer()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        h = self.hparams
+        self.tokenizer = tok = self.load_tokenizer()
+        label_id = {name: i for i, name in enumerate(self.class_names)}
+        specials = [tok.special_id(role) for role in ("cls", "sep", "unk")]
+        for name, sentences in self.splits.items():
+            if not sentences:
+                raise ValueError(f"The {name} split has no sentences; add data or raise data.{name}_fraction")
+            self.datasets[name] = []
+            for s in sentences:
+                pieces = tok.encode_batch(s["words"])
+                ids, labels = align_labels(
+                    pieces, [label_id[x] for x in s["labels"]], *specials, h.max_seq_len
+                )
+                self.datasets[name].append(
+                    {"input_ids": ids, "token_type_ids": [0] * len(ids), "labels": labels}
+                )
+        self.collate = EncoderCollator(tok, label_key="labels")
+        log.info("Sentences: %s, labels %s", {n: len(d) for n, d in self.datasets.items()}, self.class_names)

@@ -1,0 +1,114 @@
+"""BERT fine-tuning for sentence and sentence-pair classification: pooled [CLS] -> dropout -> linear."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import MaxMetric, MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
+
+from lit_transformers.tasks.encoder import EncoderTask
+from lit_transformers.tasks.evaluation import labeled_matrix_image
+from lit_transformers.text import pack_pair, right_pad
+from lit_transformers.utils.dashboards import log_image
+
+
+class SequenceClassificationTask(EncoderTask):
+    """Two named models: ``model``, the BERT body (what ``init_from`` / ``init_from_hf`` load), and
+    ``classifier``, the new head on its pooled [CLS]. Metrics: accuracy and macro-F1 (``val/``, ``test/``),
+    and a test confusion matrix with the class names on its axes.
+
+    Args: ``model``, the BERT config spec; ``class_names``: taken from the datamodule and kept in
+    checkpoints; ``classifier_dropout``; the rest as in :class:`EncoderTask`."""
+
+    def __init__(
+        self,
+        model: dict,
+        class_names: list[str] | None = None,
+        classifier_dropout: float = 0.1,
+        **task_args,
+    ):
+        super().__init__(model, **task_args)
+        self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)  # saved in checkpoints: the best survives a resume
+
+    def build_models(self) -> dict[str, nn.Module]:
+        class_names = self.datamodule_attr("class_names")
+        if class_names:
+            self.hparams.class_names = list(class_names)  # kept in the checkpoint for reloading
+        if not self.hparams.class_names:
+            raise ValueError("No class names: train with a datamodule, or pass task.class_names")
+        n = len(self.hparams.class_names)
+        metrics = {
+            "acc": MulticlassAccuracy(n, average="micro"),  # share of examples right
+            "f1_macro": MulticlassF1Score(n, average="macro"),  # every class counts the same
+        }
+        self.val_metrics = MetricCollection(metrics, prefix="val/")
+        self.test_metrics = self.val_metrics.clone(prefix="test/")
+        self.test_confusion = MulticlassConfusionMatrix(n)
+        bert = self.build_bert()
+        classifier = nn.Sequential(
+            nn.Dropout(self.hparams.classifier_dropout), nn.Linear(bert.config.d_model, n)
+        )
+        nn.init.normal_(classifier[1].weight, std=0.02)
+        nn.init.zeros_(classifier[1].bias)
+        return {"model": bert, "classifier": classifier}
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, n_classes) logits."""
+        return self.classifier(self.model.pool(self.encode(batch)))
+
+    def training_step(self, batch, batch_idx):
+        logits = self(batch)
+        loss = F.cross_entropy(logits.float(), batch["labels"])
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        self.log(
+            "train/acc", (logits.argmax(-1) == batch["labels"]).float().mean(), on_step=True, on_epoch=False
+        )
+        return loss
+
+    def _eval_step(self, batch, metrics: MetricCollection) -> torch.Tensor:
+        logits = self(batch)
+        stage = metrics.prefix.rstrip("/")
+        loss = F.cross_entropy(logits.float(), batch["labels"])
+        self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=logits.size(0))
+        metrics(logits, batch["labels"])
+        self.log_dict(metrics, on_epoch=True, prog_bar=stage == "val")
+        return logits
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, self.val_metrics)
+
+    def on_validation_epoch_end(self):
+        self.log_best("val/acc", self.val_acc_best)
+
+    def test_step(self, batch, batch_idx):
+        self.test_confusion.update(self._eval_step(batch, self.test_metrics), batch["labels"])
+
+    def on_test_epoch_end(self):
+        confusion = self.test_confusion.compute().float()  # (true, predicted) counts, synced over ranks
+        names = self.hparams.class_names
+        rates = confusion / confusion.sum(1, keepdim=True).clamp(min=1)  # rows: recall of each true class
+        log_image(self.trainer, "test/confusion_matrix", labeled_matrix_image(rates, names, names, cell=24))
+        self.test_confusion.reset()
+
+    @torch.no_grad()
+    def predict(self, texts: list[str], text_pairs: list[str] | None = None) -> list[str]:
+        """Class names for raw texts (and second texts), with the checkpoint's tokenizer."""
+        tok = self.require_tokenizer()
+        cls_id, sep_id = tok.special_id("cls"), tok.special_id("sep")
+        pairs = text_pairs or [None] * len(texts)
+        packed = [
+            pack_pair(
+                tok.encode(a), tok.encode(b) if b else None, cls_id, sep_id, self.model.config.max_position
+            )
+            for a, b in zip(texts, pairs)
+        ]
+        ids, valid = right_pad([p[0] for p in packed], tok.pad_id, device=self.device)
+        types, _ = right_pad([p[1] for p in packed], 0, device=self.device)
+        was_training = self.training
+        self.eval()
+        logits = self({"input_ids": ids, "attention_mask": valid, "token_type_ids": types})
+        self.train(was_training)
+        return [self.hparams.class_names[i] for i in logits.argmax(-1).tolist()]

@@ -1,0 +1,111 @@
+"""BERT fine-tuning for token classification (NER, chunking, POS): a linear head on every hidden state."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import MaxMetric, MeanMetric, SumMetric
+
+from lit_transformers.nn import IGNORE_INDEX
+from lit_transformers.tasks.encoder import EncoderTask
+from lit_transformers.tasks.evaluation import entity_counts
+
+
+class TokenClassificationTask(EncoderTask):
+    """Two named models: ``model``, the BERT body, and ``classifier``, dropout + linear on each token's hidden
+    state. Labels sit on the first WordPiece of each word (the datamodule puts IGNORE_INDEX elsewhere).
+
+    Metrics: ``acc`` (share of words tagged right), ``entity_f1`` / ``entity_precision`` / ``entity_recall``
+    over BIO spans (exact type and boundaries, CoNLL's conlleval), for ``val/`` and ``test/``.
+
+    Args: ``model``, the BERT config spec; ``class_names``: the tags, from the datamodule, kept in
+    checkpoints; ``classifier_dropout``; the rest as in :class:`EncoderTask`."""
+
+    def __init__(
+        self,
+        model: dict,
+        class_names: list[str] | None = None,
+        classifier_dropout: float = 0.1,
+        **task_args,
+    ):
+        super().__init__(model, **task_args)
+        for stage in ("val", "test"):
+            setattr(self, f"{stage}_acc", MeanMetric())
+            for count in ("tp", "predicted", "true"):
+                setattr(self, f"{stage}_{count}", SumMetric())
+        self.val_entity_f1_best = MaxMetric()
+        self.val_entity_f1_best.persistent(True)
+
+    def build_models(self) -> dict[str, nn.Module]:
+        class_names = self.datamodule_attr("class_names")
+        if class_names:
+            self.hparams.class_names = list(class_names)
+        if not self.hparams.class_names:
+            raise ValueError("No class names: train with a datamodule, or pass task.class_names")
+        bert = self.build_bert()
+        n = len(self.hparams.class_names)
+        classifier = nn.Sequential(
+            nn.Dropout(self.hparams.classifier_dropout), nn.Linear(bert.config.d_model, n)
+        )
+        nn.init.normal_(classifier[1].weight, std=0.02)
+        nn.init.zeros_(classifier[1].bias)
+        return {"model": bert, "classifier": classifier}
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(B, T, n_classes) logits."""
+        return self.classifier(self.encode(batch))
+
+    def training_step(self, batch, batch_idx):
+        logits = self(batch)
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE_INDEX
+        )
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        return loss
+
+    def _eval_step(self, batch, stage: str) -> None:
+        logits, labels = self(batch), batch["labels"]
+        words = labels != IGNORE_INDEX
+        loss = F.cross_entropy(logits[words].float(), labels[words])
+        self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=logits.size(0))
+        predicted = logits.argmax(-1)
+        acc = getattr(self, f"{stage}_acc")
+        acc.update((predicted[words] == labels[words]).float().mean(), weight=words.sum())
+        self.log(f"{stage}/acc", acc, on_epoch=True, prog_bar=stage == "val")
+        names = self.hparams.class_names
+        counts = torch.zeros(3)
+        for row_true, row_pred, row_words in zip(labels.tolist(), predicted.tolist(), words.tolist()):
+            true = [names[t] for t, w in zip(row_true, row_words) if w]
+            pred = [names[p] for p, w in zip(row_pred, row_words) if w]
+            counts += torch.tensor(entity_counts(true, pred), dtype=torch.float)
+        for metric, value in zip(("tp", "predicted", "true"), counts):
+            getattr(self, f"{stage}_{metric}").update(value)
+
+    def _log_entities(self, stage: str) -> torch.Tensor | None:
+        """Entity precision, recall and F1 from the counts summed over batches and ranks; returns the F1."""
+        tp, predicted, true = (getattr(self, f"{stage}_{m}") for m in ("tp", "predicted", "true"))
+        if not tp.update_count:
+            return None
+        tp, predicted, true = tp.compute(), predicted.compute(), true.compute()
+        f1 = 2 * tp / (predicted + true).clamp(min=1)
+        self.log(f"{stage}/entity_precision", tp / predicted.clamp(min=1))
+        self.log(f"{stage}/entity_recall", tp / true.clamp(min=1))
+        self.log(f"{stage}/entity_f1", f1, prog_bar=stage == "val")
+        for m in ("tp", "predicted", "true"):
+            getattr(self, f"{stage}_{m}").reset()
+        return f1
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, "val")
+
+    def on_validation_epoch_end(self):
+        f1 = self._log_entities("val")
+        if f1 is not None:
+            self.log_best_of("val/entity_f1", f1, self.val_entity_f1_best)
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch, "test")
+
+    def on_test_epoch_end(self):
+        self._log_entities("test")
