@@ -7,13 +7,12 @@ import os
 from functools import cached_property
 from pathlib import Path
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from lit_transformers.data.checks import check_batch_size
 from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents, split_documents
-from lit_transformers.data.loaders import make_loader
+from lit_transformers.data.loaders import CollatedSplits
 from lit_transformers.text import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -33,7 +32,7 @@ class TokenWindows(Dataset):
         return {"input_ids": window[:-1], "labels": window[1:]}
 
 
-class CausalLMDataModule(L.LightningDataModule):
+class CausalLMDataModule(CollatedSplits):
     def __init__(
         self,
         corpus: dict | None = None,
@@ -105,23 +104,3 @@ class CausalLMDataModule(L.LightningDataModule):
                 )
         del self.splits  # the raw text is encoded; keep only the token windows in memory
         log.info("Token windows: %s", {name: len(ds) for name, ds in self.datasets.items()})
-
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        h = self.hparams
-        return make_loader(
-            self.datasets[split],
-            h.batch_size,
-            shuffle,
-            h.num_workers,
-            drop_last=shuffle and len(self.datasets[split]) > h.batch_size,
-            trainer=self.trainer,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)

@@ -90,10 +90,11 @@ def make_loader(
 
 
 class CollatedSplits(L.LightningDataModule):
-    """The loaders of a datamodule that keeps each split as a list in ``self.datasets[split]`` and batches it
-    with ``self.collate``: shuffled and resumable for training, each sample once for evaluation."""
+    """The loaders of a datamodule that keeps each split in ``self.datasets[split]`` (a dataset or a list) and
+    batches it with ``self.collate`` (None: torch's default): shuffled and resumable for training, each sample
+    once for evaluation."""
 
-    datasets: dict[str, list]
+    datasets: dict[str, Dataset]
     collate = None
 
     def _dataloader(self, split: str, shuffle: bool) -> DataLoader:

@@ -27,12 +27,8 @@ def decay_groups(module: nn.Module, skip: set[str] | frozenset[str] = frozenset(
     return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def warmup_cosine(
-    optimizer: Optimizer, total_steps: int, warmup_steps: int = 100, min_lr_ratio: float = 0.1
-) -> LambdaLR:
-    """Linear warmup over ``warmup_steps`` (step s uses lr * (s + 1) / warmup_steps, so the first step
-    already moves and step warmup_steps - 1 reaches the peak), then cosine down to ``min_lr_ratio`` * lr at
-    ``total_steps``. Per-group lrs (layer-wise decay) are scaled alike."""
+def _fit_warmup(total_steps: int, warmup_steps: int) -> tuple[int, int]:
+    """(total, warmup) steps, warmup cut to the run's length with a warning when training is shorter."""
     total_steps = max(int(total_steps), 1)
     if warmup_steps > total_steps:
         log.warning(
@@ -42,7 +38,16 @@ def warmup_cosine(
             total_steps,
             total_steps,
         )
-    warmup_steps = min(int(warmup_steps), total_steps)
+    return total_steps, min(int(warmup_steps), total_steps)
+
+
+def warmup_cosine(
+    optimizer: Optimizer, total_steps: int, warmup_steps: int = 100, min_lr_ratio: float = 0.1
+) -> LambdaLR:
+    """Linear warmup over ``warmup_steps`` (step s uses lr * (s + 1) / warmup_steps, so the first step
+    already moves and step warmup_steps - 1 reaches the peak), then cosine down to ``min_lr_ratio`` * lr at
+    ``total_steps``. Per-group lrs (layer-wise decay) are scaled alike."""
+    total_steps, warmup_steps = _fit_warmup(total_steps, warmup_steps)
 
     def factor(step: int) -> float:
         if step < warmup_steps:
@@ -56,16 +61,7 @@ def warmup_cosine(
 def warmup_linear(optimizer: Optimizer, total_steps: int, warmup_steps: int = 100) -> LambdaLR:
     """BERT's schedule: linear warmup over ``warmup_steps`` (as :func:`warmup_cosine`), then linear decay to
     zero at ``total_steps``."""
-    total_steps = max(int(total_steps), 1)
-    if warmup_steps > total_steps:
-        log.warning(
-            "Warmup (%d steps) is longer than training (%d steps); warming up over %d steps instead. "
-            "Lower task.scheduler.warmup_steps or raise trainer.max_steps.",
-            warmup_steps,
-            total_steps,
-            total_steps,
-        )
-    warmup_steps = min(int(warmup_steps), total_steps)
+    total_steps, warmup_steps = _fit_warmup(total_steps, warmup_steps)
 
     def factor(step: int) -> float:
         if step < warmup_steps:
