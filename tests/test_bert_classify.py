@@ -158,7 +158,7 @@ def test_fast_dev_run_bert_classify_on_generated_catalogs(compose_cfg, tmp_path)
 def test_classifier_learns_language_id_and_logs_a_labelled_confusion_matrix(compose_cfg, tmp_path):
     locale = write_locale(tmp_path / "locale")
     cfg = _classify(
-        compose_cfg, locale, "data.languages=[de,fr,es]", "trainer.max_steps=40", "trainer.val_check_interval=20",
+        compose_cfg, locale, "data.languages=[de,fr,es]", "trainer.max_steps=80", "trainer.val_check_interval=40",
         "trainer.limit_val_batches=null", "trainer.limit_test_batches=null", "task.optimizer.lr=3e-3",
         "task.scheduler.warmup_steps=5",
     )  # fmt: skip
