@@ -6,11 +6,12 @@ concatenated on the way in and split on the way out. Everything else is a renami
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import torch
+
+from lit_transformers.models import hf_io
 
 log = logging.getLogger(__name__)
 
@@ -51,27 +52,12 @@ NSP_NAMES = {"nsp_head.weight": "cls.seq_relationship.weight", "nsp_head.bias": 
 
 def read_hf_config(path: str | Path) -> dict:
     """The ``config.json`` of a Hugging Face BERT directory."""
-    path = Path(path).expanduser()
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"No config.json in {path}; pass a Hugging Face BERT checkpoint directory")
-    return json.loads((path / "config.json").read_text())
+    return hf_io.read_hf_config(path, "BERT")
 
 
 def load_hf_bert(path_or_model) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config dict, state dict) from a ``transformers`` model object or a local checkpoint directory."""
-    if isinstance(path_or_model, torch.nn.Module):
-        return path_or_model.config.to_dict(), path_or_model.state_dict()
-    path = Path(path_or_model).expanduser()
-    config = read_hf_config(path)
-    if (path / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        state = load_file(str(path / "model.safetensors"))
-    elif (path / "pytorch_model.bin").is_file():
-        state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    else:
-        raise FileNotFoundError(f"No model.safetensors or pytorch_model.bin in {path}")
-    return config, state
+    """(config dict, state dict) from a ``transformers`` BERT object or a local checkpoint directory."""
+    return hf_io.load_hf_checkpoint(path_or_model, "BERT")
 
 
 def config_from_hf(hf: dict, pretraining_heads: bool):

@@ -6,12 +6,10 @@ so every projection weight is transposed on the way in and out.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
 
 from lit_transformers.models.gpt import GPT, GPTConfig
+from lit_transformers.models.hf_io import load_hf_checkpoint
 
 HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 # ours <- HF, per layer; the HF names are relative to transformer.h.{i}.
@@ -38,22 +36,8 @@ GLOBAL_NAMES = {
 
 
 def load_hf_gpt2(path_or_model) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config dict, state dict) from a ``transformers`` model object or a local checkpoint directory."""
-    if isinstance(path_or_model, torch.nn.Module):
-        return path_or_model.config.to_dict(), path_or_model.state_dict()
-    path = Path(path_or_model)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"No config.json in {path}; pass a Hugging Face GPT-2 checkpoint directory")
-    config = json.loads((path / "config.json").read_text())
-    if (path / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        state = load_file(str(path / "model.safetensors"))
-    elif (path / "pytorch_model.bin").is_file():
-        state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    else:
-        raise FileNotFoundError(f"No model.safetensors or pytorch_model.bin in {path}")
-    return config, state
+    """(config dict, state dict) from a ``transformers`` GPT-2 object or a local checkpoint directory."""
+    return load_hf_checkpoint(path_or_model, "GPT-2")
 
 
 def config_from_hf(hf: dict) -> GPTConfig:

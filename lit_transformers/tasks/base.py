@@ -154,6 +154,16 @@ class Task(L.LightningModule):
             self.hparams.tokenizer = tokenizer.state()
         return self.tokenizer
 
+    def attach_class_names(self) -> list[str]:
+        """The class names of a classification task (its ``class_names`` argument): the datamodule's when
+        training (then recorded in the hyperparameters, so checkpoints carry them), else the checkpoint's."""
+        class_names = self.datamodule_attr("class_names")
+        if class_names:
+            self.hparams.class_names = list(class_names)
+        if not self.hparams.class_names:
+            raise ValueError("No class names: train with a datamodule, or pass task.class_names")
+        return self.hparams.class_names
+
     def require_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
             raise ValueError(

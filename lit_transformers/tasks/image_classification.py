@@ -37,12 +37,7 @@ class ImageClassificationTask(Task):
         self.val_acc_best.persistent(True)  # saved in checkpoints: the best survives a resume
 
     def build_model(self) -> nn.Module:
-        class_names = self.datamodule_attr("class_names")
-        if class_names:
-            self.hparams.class_names = list(class_names)  # kept in the checkpoint for reloading
-        if not self.hparams.class_names:
-            raise ValueError("No class names: train with a datamodule, or pass task.class_names")
-        n = len(self.hparams.class_names)
+        n = len(self.attach_class_names())
         # metrics need the class count too, so they are made here with the model
         top = {
             "acc": MulticlassAccuracy(n, top_k=1, average="micro"),  # share of images right, not a class mean

@@ -34,12 +34,7 @@ class SequenceClassificationTask(EncoderTask):
         self.val_acc_best.persistent(True)  # saved in checkpoints: the best survives a resume
 
     def build_models(self) -> dict[str, nn.Module]:
-        class_names = self.datamodule_attr("class_names")
-        if class_names:
-            self.hparams.class_names = list(class_names)  # kept in the checkpoint for reloading
-        if not self.hparams.class_names:
-            raise ValueError("No class names: train with a datamodule, or pass task.class_names")
-        n = len(self.hparams.class_names)
+        n = len(self.attach_class_names())
         metrics = {
             "acc": MulticlassAccuracy(n, average="micro"),  # share of examples right
             "f1_macro": MulticlassF1Score(n, average="macro"),  # every class counts the same

@@ -38,13 +38,8 @@ class TokenClassificationTask(EncoderTask):
         self.val_entity_f1_best.persistent(True)
 
     def build_models(self) -> dict[str, nn.Module]:
-        class_names = self.datamodule_attr("class_names")
-        if class_names:
-            self.hparams.class_names = list(class_names)
-        if not self.hparams.class_names:
-            raise ValueError("No class names: train with a datamodule, or pass task.class_names")
+        n = len(self.attach_class_names())
         bert = self.build_bert()
-        n = len(self.hparams.class_names)
         classifier = nn.Sequential(
             nn.Dropout(self.hparams.classifier_dropout), nn.Linear(bert.config.d_model, n)
         )
