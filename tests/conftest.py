@@ -21,13 +21,8 @@ LM_EXPERIMENTS = [
     name for name in EXPERIMENTS if name.startswith("gpt") and name not in INSTRUCT_EXPERIMENTS
 ]  # image ones: tests/test_vit, test_clip
 
-# a GPT small enough that every stage of a run takes seconds on 2 CPU cores
-TINY_LM = [
-    "model.n_layer=1",
-    "model.n_head=2",
-    "model.d_model=32",
-    "model.block_size=32",
-    "data.vocab_size=300",
+# a run of a few small batches, validated and tested on two, without console tables: any family's tiny runs
+TINY_TRAINER = [
     "data.batch_size=8",
     "trainer.max_steps=4",
     "trainer.log_every_n_steps=1",
@@ -36,6 +31,15 @@ TINY_LM = [
     "trainer.limit_test_batches=2",
     "callbacks.progress_bar=null",
     "callbacks.model_summary=null",
+]
+# a GPT small enough that every stage of a run takes seconds on 2 CPU cores
+TINY_LM = [
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.d_model=32",
+    "model.block_size=32",
+    "data.vocab_size=300",
+    *TINY_TRAINER,
     "sample.max_new_tokens=8",
     "callbacks.text_samples.max_new_tokens=8",
 ]

@@ -10,7 +10,7 @@ import torch
 from lit_transformers.tasks import MaskedLMTask
 from lit_transformers.train import train
 
-from conftest import train_cli
+from conftest import TINY_TRAINER, train_cli
 
 # a BERT small enough that every stage of a run takes seconds on 2 CPU cores
 TINY_MODEL = [
@@ -19,16 +19,6 @@ TINY_MODEL = [
     "model.d_model=32",
     "model.d_ff=64",
     "model.max_position=48",
-]
-TINY_TRAINER = [
-    "data.batch_size=8",
-    "trainer.max_steps=4",
-    "trainer.log_every_n_steps=1",
-    "trainer.val_check_interval=2",
-    "trainer.limit_val_batches=2",
-    "trainer.limit_test_batches=2",
-    "callbacks.progress_bar=null",
-    "callbacks.model_summary=null",
 ]
 TINY_BERT = [*TINY_MODEL, "data.vocab_size=400", "data.dupe_factor=1", *TINY_TRAINER]
 
