@@ -5,6 +5,7 @@ from lit_transformers.models.bert import BERT, BERTConfig
 from lit_transformers.models.clip import CLIP, CLIPConfig
 from lit_transformers.models.gpt import GPT, GPTConfig
 from lit_transformers.models.scalar import ScalarGPT
+from lit_transformers.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 
 __all__ = [
     "BERT",
@@ -14,5 +15,7 @@ __all__ = [
     "GPT",
     "GPTConfig",
     "ScalarGPT",
+    "Seq2SeqConfig",
+    "Seq2SeqTransformer",
     "create_backbone",
 ]

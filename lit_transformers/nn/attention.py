@@ -107,6 +107,11 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
 
+    def context_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention keys and values (B, nh, S, hs) of encoder memory (B, S, d_context)."""
+        k, v = self.kv_proj(context).chunk(2, dim=-1)
+        return self._split_heads(k), self._split_heads(v)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -128,7 +133,7 @@ class MultiHeadAttention(nn.Module):
             if kv_cache is not None and kv_cache.length > 0:
                 k, v = kv_cache.view()  # encoder memory is projected once per generation
             else:
-                k, v = (self._split_heads(t) for t in self.kv_proj(context).chunk(2, dim=-1))
+                k, v = self.context_kv(context)
                 if kv_cache is not None:
                     k, v = kv_cache.append(k, v)
         else:

@@ -13,7 +13,8 @@ from lit_transformers.nn.positions import RotaryEmbedding
 ACTIVATIONS = {
     "gelu": lambda: nn.GELU(),
     "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # GPT-2's "gelu_new"
-    "relu": lambda: nn.ReLU(),
+    "relu": lambda: nn.ReLU(),  # the original Transformer
+    "silu": lambda: nn.SiLU(),  # "swish": Marian / OPUS-MT
 }
 
 

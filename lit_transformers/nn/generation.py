@@ -56,10 +56,13 @@ def generate(
     pad_id: int = 0,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    max_lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Continue left-padded prompts (B, T); returns (B, T + n) with n <= max_new_tokens.
 
     Rows that emit ``eos_id`` stop and are filled with ``pad_id``; the loop ends when all rows stopped.
+    ``max_lengths`` (B,) caps each row's new tokens below ``max_new_tokens`` (translation: the source length
+    + 50).
     """
     # inference mode skips autograd bookkeeping (~5% faster decoding on CPU); the result is cloned
     # outside it so callers (PPO rollouts) can feed it to a training forward pass
@@ -78,7 +81,7 @@ def generate(
 
         tokens, step_ids, step_pos = input_ids, input_ids, positions
         finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             mask = padded_attention_mask(valid, step_ids.size(1)) if padded else None
             logits = model(step_ids, position_ids=step_pos, mask=mask, caches=caches, last_only=True)[:, -1]
             next_token = sample_next(logits, temperature, top_k, top_p, generator)
@@ -89,8 +92,10 @@ def generate(
             positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
             if eos_id is not None:
                 finished |= next_token == eos_id
-                if bool(finished.all()):
-                    break
+            if max_lengths is not None:
+                finished |= max_lengths <= step + 1
+            if (eos_id is not None or max_lengths is not None) and bool(finished.all()):
+                break
             step_ids, step_pos = (
                 (next_token[:, None], positions[:, -1:]) if use_cache else (tokens, positions)
             )

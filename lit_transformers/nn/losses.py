@@ -16,14 +16,21 @@ IGNORE_INDEX = (
 AllGather = Callable[..., torch.Tensor]  # (B, ...) -> (world_size, B, ...), as LightningModule.all_gather
 
 
-def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def token_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed cross-entropy over positions whose label is not IGNORE_INDEX, and how many there were.
 
     logits (..., V), labels (...). Returning sum and count (not their ratio) lets callers average over
     tokens across batches and ranks: a batch-size-weighted mean of batch means is wrong whenever batches
     hold different numbers of ignored labels.
+
+    ``label_smoothing`` = ε trains against (1 - ε) one-hot + ε uniform over the V classes (Szegedy et al.
+    2016, the translation recipe of Vaswani et al. 2017): per token (1 - ε) NLL + ε mean_v(-log p_v).
     """
-    total = F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), reduction="sum")
+    total = F.cross_entropy(
+        logits.flatten(0, -2).float(), labels.flatten(), reduction="sum", label_smoothing=label_smoothing
+    )
     return total, (labels != IGNORE_INDEX).sum()
 
 

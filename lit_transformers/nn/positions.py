@@ -8,22 +8,28 @@ import torch
 from torch import nn
 
 
-def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
-    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)); (max_len, d_model)."""
+def sinusoidal_table(max_len: int, d_model: int, concat: bool = False) -> torch.Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d)); (max_len, d_model).
+
+    ``concat`` lays the same values out as [all sines | all cosines] (tensor2tensor, fairseq and Marian/OPUS-MT
+    checkpoints) instead of interleaving them as the paper writes it.
+    """
     position = torch.arange(max_len, dtype=torch.float64)[:, None]
     inv_freq = torch.exp(-math.log(10000.0) * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    sin, cos = torch.sin(position * inv_freq), torch.cos(position * inv_freq[: d_model // 2])
+    if concat:
+        return torch.cat([sin, cos], dim=-1).float()
     table = torch.zeros(max_len, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(position * inv_freq)
-    table[:, 1::2] = torch.cos(position * inv_freq[: d_model // 2])
+    table[:, 0::2], table[:, 1::2] = sin, cos
     return table.float()
 
 
 class SinusoidalPositions(nn.Module):
     """Fixed sinusoidal positions of the original Transformer (no parameters)."""
 
-    def __init__(self, max_len: int, d_model: int):
+    def __init__(self, max_len: int, d_model: int, concat: bool = False):
         super().__init__()
-        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+        self.register_buffer("table", sinusoidal_table(max_len, d_model, concat), persistent=False)
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return self.table[position_ids]  # (B, T, d_model)
@@ -65,7 +71,8 @@ class RotaryEmbedding(nn.Module):
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-POSITION_KINDS = ("learned", "sinusoidal", "rope")
+# "sinusoidal_concat": the sinusoidal values in [sines | cosines] layout (Marian/OPUS-MT, fairseq)
+POSITION_KINDS = ("learned", "sinusoidal", "sinusoidal_concat", "rope")
 
 
 def absolute_positions(kind: str, max_len: int, d_model: int) -> nn.Module | None:
@@ -74,6 +81,6 @@ def absolute_positions(kind: str, max_len: int, d_model: int) -> nn.Module | Non
         raise ValueError(f"Unknown position kind {kind!r}; choose one of {POSITION_KINDS}")
     if kind == "learned":
         return LearnedPositions(max_len, d_model)
-    if kind == "sinusoidal":
-        return SinusoidalPositions(max_len, d_model)
+    if kind.startswith("sinusoidal"):
+        return SinusoidalPositions(max_len, d_model, concat=kind == "sinusoidal_concat")
     return None
