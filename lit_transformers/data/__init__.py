@@ -9,6 +9,7 @@ from lit_transformers.data.instructions import InstructionDataModule
 from lit_transformers.data.lm import CausalLMDataModule, TokenWindows
 from lit_transformers.data.text_classification import TextClassificationDataModule, read_labeled_table
 from lit_transformers.data.token_classification import TokenClassificationDataModule, read_conll
+from lit_transformers.data.translation import TranslationDataModule, gettext_pairs, read_parallel_file
 
 __all__ = [
     "CaptionDataModule",
@@ -21,13 +22,16 @@ __all__ = [
     "TextClassificationDataModule",
     "TokenClassificationDataModule",
     "TokenWindows",
+    "TranslationDataModule",
     "build_transform",
+    "gettext_pairs",
     "language_samples",
     "load_documents",
     "load_image_splits",
     "read_conll",
     "read_labeled_table",
     "read_mo",
+    "read_parallel_file",
     "read_caption_table",
     "split_documents",
 ]

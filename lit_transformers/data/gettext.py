@@ -16,12 +16,12 @@ MO_MAGIC = 0x950412DE
 DEFAULT_LOCALE_DIR = "/usr/share/locale"
 
 
-def read_mo(path: str | Path) -> dict[str, str]:
+def read_mo(path: str | Path, plurals: bool = True) -> dict[str, str]:
     """msgid -> msgstr of a ``.mo`` file (either byte order), decoded with the charset its header names.
 
-    Plural entries keep their first forms (singular msgid -> first msgstr); the header (empty msgid) and
-    untranslated entries (empty msgstr) are left out. A file that is not a catalog is a ValueError
-    naming it.
+    Plural entries keep their first forms (singular msgid -> first msgstr), or are left out with
+    ``plurals=False``; the header (empty msgid) and untranslated entries (empty msgstr) are left out (fuzzy
+    entries never reach a ``.mo``: msgfmt drops them). A file that is not a catalog is a ValueError naming it.
     """
     path = Path(path)
     data = path.read_bytes()
@@ -48,7 +48,7 @@ def read_mo(path: str | Path) -> dict[str, str]:
             charset = found.group(1).decode("ascii") if found else charset
     catalog = {}
     for msgid, msgstr in raw:
-        if msgid == b"" or msgstr == b"":
+        if msgid == b"" or msgstr == b"" or (not plurals and b"\x00" in msgid):
             continue
         msgid = msgid.split(b"\x00")[0]
         if b"\x04" in msgid:  # "context\x04message"

@@ -112,6 +112,18 @@ class MultiHeadAttention(nn.Module):
         k, v = self.kv_proj(context).chunk(2, dim=-1)
         return self._split_heads(k), self._split_heads(v)
 
+    def attention_probs(
+        self, x: torch.Tensor, context: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Cross-attention probabilities (B, nh, T, S) of queries ``x`` over ``context``, written out for
+        pictures (the fused kernel of :meth:`forward` never materialises them)."""
+        q = self._split_heads(self.q_proj(x))
+        k, _ = self.context_kv(context)
+        scores = q @ k.transpose(-2, -1) / self.head_dim**0.5
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return scores.softmax(dim=-1)
+
     def forward(
         self,
         x: torch.Tensor,

@@ -7,12 +7,13 @@ from lit_transformers.tasks.dpo import DPOTask
 from lit_transformers.tasks.encoder import EncoderTask
 from lit_transformers.tasks.image_classification import ImageClassificationTask
 from lit_transformers.tasks.masked_lm import MaskedLMTask
-from lit_transformers.tasks.optim import decay_groups, warmup_cosine, warmup_linear
+from lit_transformers.tasks.optim import decay_groups, inverse_sqrt, warmup_cosine, warmup_linear
 from lit_transformers.tasks.ppo import PPOTask
 from lit_transformers.tasks.reward import RewardTask
 from lit_transformers.tasks.sequence_classification import SequenceClassificationTask
 from lit_transformers.tasks.sft import SFTTask
 from lit_transformers.tasks.token_classification import TokenClassificationTask
+from lit_transformers.tasks.translation import TranslationTask
 
 __all__ = [
     "CausalLMTask",
@@ -27,8 +28,10 @@ __all__ = [
     "SequenceClassificationTask",
     "Task",
     "TokenClassificationTask",
+    "TranslationTask",
     "build_config",
     "decay_groups",
+    "inverse_sqrt",
     "load_weights",
     "warmup_cosine",
     "warmup_linear",

@@ -1,5 +1,5 @@
 """Evaluation shared by the tasks: zero-shot classifier, retrieval recall@k, matrices as images (labelled:
-confusion matrices with class names, attention maps with tokens)."""
+confusion matrices with class names, attention maps with tokens), sacreBLEU corpus scores."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torchmetrics import Metric
 
 
 @torch.no_grad()
@@ -104,3 +105,36 @@ def entity_counts(true_tags: Sequence[str], predicted_tags: Sequence[str]) -> tu
     and both boundaries match exactly. Entity F1 = 2 tp / (predicted + true), summed over sentences."""
     true, predicted = bio_spans(true_tags), bio_spans(predicted_tags)
     return len(true & predicted), len(predicted), len(true)
+
+
+class CorpusScore(Metric):
+    """sacreBLEU's corpus BLEU or chrF (0-100) over every hypothesis seen, reduced across DDP ranks.
+
+    Corpus scores are not means of sentence scores, but sacreBLEU computes them from per-sentence statistics
+    that add up (n-gram matches and totals, lengths): each rank sums them, the sum is all-reduced, and the
+    score is computed from the total, exactly as sacreBLEU would on the whole corpus in one process.
+    """
+
+    full_state_update = False
+
+    def __init__(self, kind: str = "bleu"):
+        super().__init__()
+        from sacrebleu.metrics import BLEU, CHRF
+
+        kinds = {"bleu": BLEU, "chrf": CHRF}
+        if kind not in kinds:
+            raise ValueError(f"Unknown corpus score {kind!r}; choose one of {sorted(kinds)}")
+        self.scorer = kinds[kind]()
+        width = len(self.scorer._extract_corpus_statistics(["a"], [["a"]])[0])
+        self.add_state("stats", torch.zeros(width, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, hypotheses: Sequence[str], references: Sequence[str]) -> None:
+        stats = self.scorer._extract_corpus_statistics(list(hypotheses), [list(references)])
+        self.stats += torch.tensor(stats, dtype=torch.float64).sum(dim=0).to(self.stats.device)
+
+    def compute(self) -> torch.Tensor:
+        score = self.scorer._compute_score_from_stats(self.stats.cpu().numpy())
+        return torch.tensor(score.score, dtype=torch.float64)
+
+    def signature(self) -> str:
+        return str(self.scorer.get_signature())

@@ -1,5 +1,5 @@
 """Optimiser parameter groups and the learning-rate schedules shared by every task: warmup + cosine (GPT,
-ViT, CLIP) and warmup + linear decay (BERT)."""
+ViT, CLIP), warmup + linear decay (BERT) and the Transformer paper's inverse square root (translation)."""
 
 from __future__ import annotations
 
@@ -67,5 +67,20 @@ def warmup_linear(optimizer: Optimizer, total_steps: int, warmup_steps: int = 10
         if step < warmup_steps:
             return (step + 1) / warmup_steps
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return LambdaLR(optimizer, factor)
+
+
+def inverse_sqrt(
+    optimizer: Optimizer, total_steps: int, d_model: int = 512, warmup_steps: int = 4000
+) -> LambdaLR:
+    """The schedule of "Attention Is All You Need": lr = scale * d_model^-0.5 * min(s^-0.5, s * warmup^-1.5)
+    at step s = 1, 2, ... (a linear rise, then decay as 1 / sqrt(s)). The optimizer's ``lr`` is the scale
+    (1.0: the paper's; the peak, at s = warmup, is scale * (d_model * warmup)^-0.5)."""
+    _, warmup_steps = _fit_warmup(total_steps, warmup_steps)
+
+    def factor(step: int) -> float:
+        s = step + 1
+        return d_model**-0.5 * min(s**-0.5, s * warmup_steps**-1.5)
 
     return LambdaLR(optimizer, factor)

@@ -1,0 +1,314 @@
+"""Parallel text for translation: the system's gettext catalogs (English UI messages and their human
+translations, no download), your TSV / JSONL file, or a Hugging Face translation dataset.
+
+Examples are batched by length under a token budget (fairseq's ``--max-tokens``): similar lengths share a
+batch, so little of it is padding. The batches are made once and shuffled as units each epoch, which keeps
+the exact-resume guarantee of :func:`lit_transformers.data.loaders.make_loader`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from collections import Counter, defaultdict
+from functools import cached_property
+from pathlib import Path
+
+from lit_transformers.data.corpus import load_hub_dataset
+from lit_transformers.data.gettext import DEFAULT_LOCALE_DIR, catalog_files, read_mo
+from lit_transformers.data.loaders import CollatedSplits, make_loader
+from lit_transformers.text import IGNORE_INDEX, Tokenizer, right_pad, split_by_fractions
+
+log = logging.getLogger(__name__)
+SOURCES = ("gettext", "file", "hub")
+Pair = tuple[str, str]  # (source sentence, target sentence)
+
+_ACCELERATOR = re.compile(r"[_&](?=\w)")  # GTK "_Open", Qt "&Open", German "Ö_ffnen"
+
+
+def clean_ui_message(text: str) -> str:
+    """A UI message without its keyboard-accelerator marker, whitespace collapsed to single spaces.
+
+    Accelerators are stripped on both sides: translators place them on different letters ("_Open" ->
+    "Ö_ffnen"), so keeping them would ask the model to guess a UI convention rather than translate.
+    Placeholders (``%s``, ``{name}``) and markup stay: they must be copied into the translation.
+    """
+    return " ".join(_ACCELERATOR.sub("", text).split())
+
+
+def gettext_pairs(locale_dir: str | Path, language: str) -> list[Pair]:
+    """(English msgid, translation) pairs of every catalog of ``language``, cleaned
+    (:func:`clean_ui_message`), without plural entries; one pair per source sentence (its most frequent
+    translation across catalogs, ties broken alphabetically), in sorted order."""
+    locale_dir = Path(locale_dir).expanduser()
+    files = catalog_files(locale_dir, language)
+    if not files:
+        raise FileNotFoundError(
+            f"No gettext catalogs (.mo) for {language!r} under {locale_dir}/{language}/LC_MESSAGES (this system "
+            "ships no translations); use your own parallel text: data.source=file data.path=<file.tsv|.jsonl>, "
+            "or data.path=<a locale directory> with .mo catalogs"
+        )
+    translations: dict[str, Counter] = defaultdict(Counter)
+    for file in files:
+        try:
+            catalog = read_mo(file, plurals=False)
+        except ValueError as err:
+            log.warning("Skipping %s", err)  # a damaged catalog among dozens is not worth stopping for
+            continue
+        for msgid, msgstr in catalog.items():
+            source, target = clean_ui_message(msgid), clean_ui_message(msgstr)
+            if source and target:
+                translations[source][target] += 1
+    return [
+        (source, min(t.items(), key=lambda kv: (-kv[1], kv[0]))[0])
+        for source, t in sorted(translations.items())
+    ]
+
+
+def read_parallel_file(path: str | Path, src_field: str = "src", tgt_field: str = "tgt") -> list[Pair]:
+    """``src<TAB>tgt`` lines of a .tsv, or ``{"src": ..., "tgt": ...}`` lines of a .jsonl; errors name the
+    file and the line."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"Parallel text {path} not found; set data.path=<file.tsv|.jsonl>")
+    suffix = path.suffix.lower()
+    if suffix not in (".tsv", ".jsonl"):
+        raise ValueError(f"{path}: unknown file type {suffix!r}; use .tsv (src<TAB>tgt) or .jsonl")
+    pairs = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {n}"
+            if suffix == ".tsv":
+                fields = line.rstrip("\r\n").split("\t")
+                if len(fields) != 2:
+                    raise ValueError(
+                        f"{where}: expected 'source<TAB>target', found {len(fields)} tab-separated fields"
+                    )
+                source, target = fields
+            else:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{where}: not valid JSON ({err.msg}, column {err.colno})") from err
+                if (
+                    not isinstance(row, dict)
+                    or not isinstance(row.get(src_field), str)
+                    or not isinstance(row.get(tgt_field), str)
+                ):
+                    raise ValueError(
+                        f"{where}: expected an object with string fields {src_field!r} and {tgt_field!r}"
+                    )
+                source, target = row[src_field], row[tgt_field]
+            if not source.strip() or not target.strip():
+                raise ValueError(f"{where}: empty source or target")
+            pairs.append((source.strip(), target.strip()))
+    if not pairs:
+        raise ValueError(f"{path} holds no sentence pairs")
+    return pairs
+
+
+def hub_pairs(name: str, subset: str | None, split: str, src_lang: str, tgt_lang: str) -> list[Pair]:
+    """Pairs of a Hugging Face translation dataset (rows ``{"translation": {src_lang: ..., tgt_lang: ...}}``,
+    as WMT and OPUS datasets are)."""
+    dataset = load_hub_dataset(name, subset, split, name_key="data.name", files_key="data.data_files")
+    if "translation" not in dataset.column_names:
+        raise KeyError(f"Dataset {name} has no 'translation' column (columns: {dataset.column_names})")
+    pairs = []
+    for i, row in enumerate(dataset["translation"]):
+        if src_lang not in row or tgt_lang not in row:
+            raise KeyError(
+                f"Dataset {name}, row {i}: no {src_lang!r}/{tgt_lang!r} translation (has {sorted(row)}); set "
+                "data.src_lang and data.lang"
+            )
+        pairs.append((row[src_lang], row[tgt_lang]))
+    return pairs
+
+
+def token_budget_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Example indices grouped, in order of length, into batches of at most ``max_tokens`` tokens counted
+    with padding (examples x the longest one); an example longer than the budget gets a batch of its own."""
+    batches, batch, longest = [], [], 0
+    for i in sorted(range(len(lengths)), key=lambda i: (lengths[i], i)):
+        if batch and max(longest, lengths[i]) * (len(batch) + 1) > max_tokens:
+            batches.append(batch)
+            batch, longest = [], 0
+        batch.append(i)
+        longest = max(longest, lengths[i])
+    return batches + ([batch] if batch else [])
+
+
+class TranslationCollator:
+    """A batch of encoded pairs -> ``src_ids``/``src_valid`` (source + EOS), ``tgt_ids`` (BOS + target, the
+    decoder input) and ``labels`` (target + EOS, IGNORE_INDEX on padding), plus the raw texts for BLEU."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.pad_id, self.bos_id, self.eos_id = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
+
+    def __call__(self, batches: list[list[dict]]) -> dict:
+        (examples,) = batches  # the loader yields one prepared batch at a time
+        src_ids, src_valid = right_pad([[*e["src"], self.eos_id] for e in examples], self.pad_id)
+        tgt_ids, tgt_valid = right_pad([[self.bos_id, *e["tgt"]] for e in examples], self.pad_id)
+        labels, _ = right_pad([[*e["tgt"], self.eos_id] for e in examples], IGNORE_INDEX)
+        return {
+            "src_ids": src_ids,
+            "src_valid": src_valid,
+            "tgt_ids": tgt_ids,
+            "tgt_valid": tgt_valid,
+            "labels": labels,
+            "src_text": [e["src_text"] for e in examples],
+            "tgt_text": [e["tgt_text"] for e in examples],
+        }
+
+
+class TranslationDataModule(CollatedSplits):
+    """Args: ``source``: gettext (``lang`` picks the target language of the English catalogs under ``path``,
+    default /usr/share/locale), file (``path`` a .tsv or .jsonl; ``src_field``/``tgt_field`` name the JSONL
+    keys) or hub (``name``, ``subset``, ``split``, ``src_lang``, ``lang``); a joint byte-level BPE trained on
+    both sides of the training split (``vocab_size``) or ``tokenizer_path``; ``max_tokens`` per batch per
+    device (padding included); pairs longer than ``max_length`` tokens on either side are left out of
+    training; the split fractions (by source sentence: no source is in two splits)."""
+
+    def __init__(
+        self,
+        source: str = "gettext",
+        lang: str = "de",
+        path: str | None = None,
+        src_field: str = "src",
+        tgt_field: str = "tgt",
+        name: str | None = None,
+        subset: str | None = None,
+        split: str = "train",
+        src_lang: str = "en",
+        vocab_size: int = 8000,
+        tokenizer_path: str | None = None,
+        max_tokens: int = 4096,
+        max_length: int = 128,
+        val_fraction: float = 0.03,
+        test_fraction: float = 0.03,
+        num_workers: int = 0,
+        seed: int = 0,
+        cache_dir: str = "~/.cache/lit_transformers",
+    ):
+        super().__init__()
+        if source not in SOURCES:
+            raise ValueError(f"Unknown data.source={source!r}; choose one of {SOURCES}")
+        if max_tokens < 1 or max_length < 1:
+            raise ValueError(
+                f"data.max_tokens={max_tokens} and data.max_length={max_length} must be at least 1"
+            )
+        self.save_hyperparameters(logger=False)
+        self.tokenizer: Tokenizer | None = None
+        self.datasets: dict[str, list[list[dict]]] = {}
+
+    @cached_property
+    def pairs(self) -> list[Pair]:
+        h = self.hparams
+        if h.source == "gettext":
+            return gettext_pairs(h.path or DEFAULT_LOCALE_DIR, h.lang)
+        if h.source == "file":
+            if not h.path:
+                raise ValueError("data.source=file needs data.path=<file.tsv|.jsonl> with source and target")
+            return read_parallel_file(h.path, h.src_field, h.tgt_field)
+        if not h.name:
+            raise ValueError("data.source=hub needs data.name=<dataset name or save_to_disk folder>")
+        return hub_pairs(h.name, h.subset, h.split, h.src_lang, h.lang)
+
+    @cached_property
+    def splits(self) -> dict[str, list[Pair]]:
+        h = self.hparams
+        sources = sorted({source for source, _ in self.pairs})
+        parts = split_by_fractions(sources, h.val_fraction, h.test_fraction, h.seed, "source sentences")
+        split_of = {sources[i]: name for name, idx in parts.items() for i in idx}
+        splits: dict[str, list[Pair]] = {name: [] for name in parts}
+        for pair in dict.fromkeys(self.pairs):  # duplicates out, first occurrence order kept
+            splits[split_of[pair[0]]].append(pair)
+        return splits
+
+    @cached_property
+    def tokenizer_cache(self) -> Path:
+        h = self.hparams
+        identity = [
+            h.source,
+            h.lang,
+            h.path,
+            h.name,
+            h.subset,
+            h.split,
+            h.src_lang,
+            h.val_fraction,
+            h.test_fraction,
+            h.seed,
+        ]
+        if h.source == "file":
+            stat = Path(h.path).expanduser().stat()
+            identity.append((stat.st_size, stat.st_mtime_ns))
+        key = hashlib.sha1(json.dumps(identity, default=str).encode()).hexdigest()[:16]
+        return (
+            Path(os.path.expanduser(h.cache_dir))
+            / "tokenizers"
+            / f"{key}-translation-bpe-{h.vocab_size}.json"
+        )
+
+    def load_tokenizer(self) -> Tokenizer:
+        h = self.hparams
+        if h.tokenizer_path:
+            return Tokenizer.from_file(h.tokenizer_path)
+        return Tokenizer.load_or_train(
+            self.tokenizer_cache,
+            lambda: [text for pair in self.splits["train"] for text in pair],
+            "bpe",
+            h.vocab_size,
+        )
+
+    def prepare_data(self) -> None:
+        self.load_tokenizer()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        h = self.hparams
+        self.tokenizer = tok = self.load_tokenizer()
+        self.collate = TranslationCollator(tok)
+        for name, pairs in self.splits.items():
+            if not pairs:
+                raise ValueError(
+                    f"The {name} split has no sentence pairs; add data or raise data.{name}_fraction"
+                )
+            sources, targets = (
+                tok.encode_batch([s for s, _ in pairs]),
+                tok.encode_batch([t for _, t in pairs]),
+            )
+            examples = [
+                {"src": s, "tgt": t, "src_text": src_text, "tgt_text": tgt_text}
+                for s, t, (src_text, tgt_text) in zip(sources, targets, pairs)
+                # evaluation keeps every pair (its metrics must count them all); training drops the longest
+                if name != "train" or max(len(s), len(t)) + 1 <= h.max_length
+            ]
+            if not examples:
+                raise ValueError(
+                    f"Every {name} pair is longer than data.max_length={h.max_length} tokens; raise it"
+                )
+            lengths = [max(len(e["src"]), len(e["tgt"])) + 1 for e in examples]
+            self.datasets[name] = [
+                [examples[i] for i in b] for b in token_budget_batches(lengths, h.max_tokens)
+            ]
+            if name == "train" and len(examples) < len(pairs):
+                log.info(
+                    "Training on %d of %d pairs (the rest exceed data.max_length)", len(examples), len(pairs)
+                )
+        log.info("Sentence pairs: %s", {n: sum(map(len, b)) for n, b in self.datasets.items()})
+
+    def _dataloader(self, split: str, shuffle: bool):
+        # batch_size=1: each item is already a batch, made by length under the token budget
+        return make_loader(
+            self.datasets[split], 1, shuffle, self.hparams.num_workers, self.collate, trainer=self.trainer
+        )
+
+    def fixed_examples(self, n: int) -> list[Pair]:
+        """The first ``n`` validation pairs, shown on dashboards at every validation."""
+        return self.splits["val"][:n]

@@ -1,0 +1,223 @@
+"""Translation with the encoder-decoder Transformer: teacher forcing on the right-shifted target with
+label-smoothed cross-entropy, sacreBLEU BLEU and chrF of decoded validation and test sets."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torchmetrics import MaxMetric, MeanMetric
+
+from lit_transformers.models import Seq2SeqConfig, Seq2SeqTransformer
+from lit_transformers.nn import token_cross_entropy
+from lit_transformers.tasks.base import Task, config_spec
+from lit_transformers.tasks.evaluation import CorpusScore, labeled_matrix_image
+from lit_transformers.text import right_pad
+from lit_transformers.utils.dashboards import log_image, log_table
+
+log = logging.getLogger(__name__)
+
+
+class TranslationTask(Task):
+    """Args: ``model``, the Seq2SeqTransformer config spec (vocabulary size and special ids null: the
+    tokenizer's); ``init_from_hf``: a Hugging Face Marian (OPUS-MT) directory whose config replaces the spec
+    and whose weights initialise the model (train with its tokenizer: ``data.tokenizer_path=<it>``);
+    ``label_smoothing`` ε; decoding: ``val_beam_size`` (1: greedy, fast enough to run at every
+    validation), ``test_beam_size``, GNMT ``length_penalty`` α, hypotheses of at most source length +
+    ``max_extra_tokens``; ``num_examples`` validation sentences shown on dashboards; the rest as in
+    :class:`Task`.
+
+    ``train/loss`` is the label-smoothed objective; ``val/loss`` and ``test/loss`` are the plain token
+    cross-entropy (so ``ppl`` = exp(loss) is a perplexity). With ``test_beam_size`` > 1 the test also logs
+    greedy scores (``test/bleu_greedy``), and always the identity baseline (hypothesis = source).
+    """
+
+    def __init__(
+        self,
+        model: dict | Seq2SeqConfig,
+        init_from_hf: str | None = None,
+        label_smoothing: float = 0.1,
+        val_beam_size: int = 1,
+        test_beam_size: int = 4,
+        length_penalty: float = 0.6,
+        max_extra_tokens: int = 50,
+        num_examples: int = 4,
+        **task_args,
+    ):
+        if init_from_hf:  # the architecture is the checkpoint's: recorded now, so a resumed run matches it
+            from lit_transformers.models.hf_marian import read_config
+
+            model = read_config(init_from_hf)
+        model = config_spec(model)  # before the base records the arguments as hyperparameters
+        super().__init__(**task_args)
+        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
+        self.scores = torch.nn.ModuleDict(
+            {
+                f"{stage}_{kind}": CorpusScore(kind)
+                for stage in ("val", "test", "test_greedy", "test_identity")
+                for kind in ("bleu", "chrf")
+            }
+        )
+        self.val_bleu_best = MaxMetric()
+        self.val_bleu_best.persistent(True)  # saved in checkpoints: the best survives a resume
+        self._signature_logged = False
+
+    def build_model(self) -> Seq2SeqTransformer:
+        if self.hparams.init_from_hf:
+            path = self.hparams.init_from_hf
+            model = Seq2SeqTransformer.from_hf(path)
+            tokenizer = self.attach_tokenizer()
+            if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
+                raise ValueError(
+                    f"init_from_hf={path} has {model.config.vocab_size} embeddings but this run's tokenizer has "
+                    f"{tokenizer.vocab_size} tokens; set data.tokenizer_path={path} to use the checkpoint's own"
+                )
+            log.info("init_from_hf: loaded the Marian model in %s", path)
+            self.hparams.init_from_hf = None  # checkpoints of this task rebuild it from hparams.model
+            return model
+        return Seq2SeqTransformer(
+            self.text_model_config(
+                vocab_size=lambda tok: tok.vocab_size,
+                pad_id=lambda tok: tok.pad_id,
+                bos_id=lambda tok: tok.bos_id,
+                eos_id=lambda tok: tok.eos_id,
+            )
+        )
+
+    def forward(self, src_ids: torch.Tensor, tgt_ids: torch.Tensor, src_valid: torch.Tensor) -> torch.Tensor:
+        return self.model(src_ids, tgt_ids, src_valid)
+
+    def _loss(self, batch: dict, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model(batch["src_ids"], batch["tgt_ids"], batch["src_valid"])
+        return token_cross_entropy(logits, batch["labels"], label_smoothing)
+
+    def training_step(self, batch, batch_idx):
+        total, count = self._loss(batch, self.hparams.label_smoothing)
+        loss = total / count
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        real = batch["src_valid"].sum() + batch["tgt_valid"].sum()
+        slots = batch["src_valid"].numel() + batch["tgt_valid"].numel()
+        self.log("train/padding", 1 - real / slots, on_step=True, on_epoch=False)  # share of wasted positions
+        return loss
+
+    # ---- evaluation ------------------------------------------------------------------------------
+
+    def translate(self, src_ids: torch.Tensor, src_valid: torch.Tensor, beam_size: int) -> list[str]:
+        tok = self.require_tokenizer()
+        h = self.hparams
+        hypotheses = self.model.translate(src_ids, src_valid, beam_size, h.length_penalty, h.max_extra_tokens)
+        return [tok.decode(ids) for ids in hypotheses]
+
+    def _score(self, stage: str, hypotheses: list[str], references: list[str]) -> None:
+        self.scores[f"{stage}_bleu"].update(hypotheses, references)
+        self.scores[f"{stage}_chrf"].update(hypotheses, references)
+
+    def _eval_step(self, batch: dict, stage: str, mean: MeanMetric, beam_size: int) -> None:
+        total, count = self._loss(batch, 0.0)
+        mean.update(total / count, weight=count)
+        self.log(f"{stage}/loss", mean, on_epoch=True, prog_bar=stage == "val")
+        references = batch["tgt_text"]
+        self._score(stage, self.translate(batch["src_ids"], batch["src_valid"], beam_size), references)
+        if stage == "test":
+            if beam_size > 1:
+                self._score(
+                    "test_greedy", self.translate(batch["src_ids"], batch["src_valid"], 1), references
+                )
+            self._score("test_identity", batch["src_text"], references)
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, "val", self.val_loss, self.hparams.val_beam_size)
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch, "test", self.test_loss, self.hparams.test_beam_size)
+
+    def _log_scores(self, stage: str) -> None:
+        loss = self.trainer.callback_metrics.get(f"{stage}/loss")
+        if loss is not None:
+            self.log(f"{stage}/ppl", loss.exp())
+        names = {
+            "val": "val/{}",
+            "test": "test/{}",
+            "test_greedy": "test/{}_greedy",
+            "test_identity": "test/{}_identity",
+        }
+        for key, name in names.items():
+            if not key.startswith(stage):
+                continue
+            for kind in ("bleu", "chrf"):
+                metric = self.scores[f"{key}_{kind}"]
+                if metric.update_called:
+                    self.log(name.format(kind), metric.compute(), prog_bar=key == "val")
+                metric.reset()
+        if not self._signature_logged and self.trainer.is_global_zero:
+            log.info(
+                "sacreBLEU signatures: BLEU %s; chrF %s",
+                self.scores["val_bleu"].signature(),
+                self.scores["val_chrf"].signature(),
+            )
+            self._signature_logged = True
+
+    def on_validation_epoch_end(self):
+        self._log_scores("val")
+        bleu = self.trainer.callback_metrics.get("val/bleu")
+        if bleu is not None and not self.trainer.sanity_checking:
+            self.val_bleu_best(bleu)
+            self.log("val/bleu_best", self.val_bleu_best.compute())
+        self.log_examples()
+
+    def on_test_epoch_end(self):
+        self._log_scores("test")
+
+    # ---- dashboards ------------------------------------------------------------------------------
+
+    def log_examples(self) -> None:
+        """A few fixed validation sentences with their reference and greedy hypothesis as a table, and the
+        cross-attention of the first one as a picture (target tokens x source tokens, last decoder layer,
+        averaged over heads)."""
+        n = self.hparams.num_examples
+        examples = getattr(self._trainer.datamodule, "fixed_examples", lambda n: [])(n) if n else []
+        if not examples or self.trainer.sanity_checking or not self.trainer.is_global_zero:
+            return
+        tok = self.require_tokenizer()
+        eos = self.model.config.eos_id
+        src_ids, src_valid = right_pad(
+            [[*tok.encode(s), eos] for s, _ in examples], tok.pad_id, device=self.device
+        )
+        hypotheses = self.translate(src_ids, src_valid, beam_size=1)
+        log_table(
+            self.trainer,
+            "val/translations",
+            ["source", "reference", "hypothesis"],
+            [(s, r, h) for (s, r), h in zip(examples, hypotheses)],
+        )
+        source = src_ids[:1, : int(src_valid[0].sum())]
+        target = torch.tensor([[self.model.config.bos_id, *tok.encode(hypotheses[0])]], device=self.device)
+        probs = cross_attention_map(self.model, source, target)  # (T, S)
+        labels = lambda ids: [tok.decode([i], skip_special_tokens=False) for i in ids]  # noqa: E731
+        image = labeled_matrix_image(
+            probs, labels(target[0].tolist()), labels(source[0].tolist()), "source", "target"
+        )
+        log_image(self.trainer, "val/cross_attention", image)
+
+
+@torch.no_grad()
+def cross_attention_map(
+    model: Seq2SeqTransformer, src_ids: torch.Tensor, tgt_ids: torch.Tensor
+) -> torch.Tensor:
+    """(T, S) cross-attention probabilities of the last decoder layer, averaged over heads, for one source
+    (1, S) and target prefix (1, T) (teacher-forced)."""
+    attention = model.decoder[-1].cross_attn
+    seen = {}
+
+    def keep_inputs(module, args, kwargs, output):
+        seen["probs"] = module.attention_probs(args[0], kwargs["context"], kwargs.get("mask"))
+
+    handle = attention.register_forward_hook(keep_inputs, with_kwargs=True)
+    was_training = model.training
+    try:
+        model.eval()
+        model(src_ids, tgt_ids)
+    finally:
+        handle.remove()
+        model.train(was_training)
+    return seen["probs"][0].mean(dim=0)

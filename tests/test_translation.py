@@ -1,0 +1,231 @@
+"""Translation data, metrics, schedule and runs: gettext pairs, parallel files, token-budget batches, sacreBLEU
+reduced over ranks, the inverse-sqrt schedule, the experiments end to end. (The model and decoding are in
+tests/test_seq2seq_model.py.)"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from sacrebleu.metrics import BLEU, CHRF
+
+from lit_transformers.data import TranslationDataModule, gettext_pairs, read_parallel_file
+from lit_transformers.data.translation import token_budget_batches
+from lit_transformers.nn import MultiHeadAttention
+from lit_transformers.tasks import inverse_sqrt
+from lit_transformers.tasks.evaluation import CorpusScore
+from lit_transformers.train import train
+
+from conftest import TINY_TRAINER, train_cli
+from test_bert_classify import write_mo
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+NUMBERS = "null eins zwei drei vier fünf sechs sieben acht neun".split()
+
+
+def write_parallel_locale(root: Path, n: int = 30) -> Path:
+    """Two German catalogs of generated UI messages; the second disagrees on one translation and adds a plural."""
+    for c in range(2):
+        messages = {}
+        for i in range(n):
+            word = NUMBERS[i % 10]
+            messages[f"Open file {i}"] = f"Datei {i} öffnen"
+            messages[f"_Save document {word}"] = f"Dokument {word} _speichern"
+            messages[f"Delete {i} items from the list"] = f"{i} Einträge aus der Liste löschen"
+        messages["Quit"] = "Beenden" if c == 0 else "Verlassen"
+        if c == 1:
+            messages["One file\x00%d files"] = "Eine Datei\x00%d Dateien"
+            messages["Close"] = "Schließen"
+        write_mo(root / "de" / "LC_MESSAGES" / f"app{c}.mo", messages)
+    return root
+
+
+def test_gettext_pairs_clean_accelerators_skip_plurals_and_keep_one_translation(tmp_path):
+    pairs = dict(gettext_pairs(write_parallel_locale(tmp_path / "locale"), "de"))
+    assert pairs["Save document drei"] == "Dokument drei speichern"  # "_" accelerators stripped on both sides
+    assert "One file" not in pairs and not any("Dateien" in t for t in pairs.values())  # plurals left out
+    assert pairs["Quit"] == "Beenden"  # a tie between catalogs goes to the alphabetically first translation
+    assert pairs["Close"] == "Schließen"
+    assert len(pairs) == 3 * 30 - 20 + 2  # "_Save document <word>" repeats every 10 messages
+    with pytest.raises(FileNotFoundError, match="data.source=file data.path="):
+        gettext_pairs(tmp_path / "locale", "fr")
+
+
+def test_splits_by_source_sentence_and_token_budget_batches(tmp_path):
+    dm = TranslationDataModule(
+        path=str(write_parallel_locale(tmp_path / "locale")),
+        vocab_size=300,
+        max_tokens=64,
+        val_fraction=0.2,
+        test_fraction=0.2,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    dm.setup()
+    sources = {
+        name: {e["src_text"] for batch in batches for e in batch} for name, batches in dm.datasets.items()
+    }
+    assert not (sources["train"] & sources["val"]) and not (sources["train"] & sources["test"])
+    assert not (sources["val"] & sources["test"])
+    assert sum(len(s) for s in sources.values()) == len(dm.pairs)  # every pair once
+    for batches in dm.datasets.values():
+        for batch in batches:
+            longest = max(max(len(e["src"]), len(e["tgt"])) + 1 for e in batch)
+            assert longest * len(batch) <= 64 or len(batch) == 1
+    batch = dm.collate([dm.datasets["train"][0]])
+    tok = dm.tokenizer
+    row = batch["src_valid"][0].sum() - 1
+    assert batch["src_ids"][0, row] == tok.eos_id  # source + EOS
+    assert batch["tgt_ids"][0, 0] == tok.bos_id  # decoder input: BOS + target
+    length = int(batch["tgt_valid"][0].sum())
+    assert batch["labels"][0, length - 1] == tok.eos_id  # labels: target + EOS, shifted left by one
+    assert torch.equal(batch["labels"][0, : length - 1], batch["tgt_ids"][0, 1:length])
+    assert (batch["labels"][~batch["tgt_valid"]] == -100).all()
+    assert tok.decode(batch["tgt_ids"][0, 1:length].tolist()) == batch["tgt_text"][0]
+
+
+def test_token_budget_batches_cover_every_example_once():
+    lengths = [5, 1, 9, 3, 3, 7, 2, 50, 4]
+    batches = token_budget_batches(lengths, max_tokens=12)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert max(lengths[i] for i in b) * len(b) <= 12 or len(b) == 1
+
+
+def test_parallel_files_and_errors_naming_file_and_line(tmp_path):
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("Hello\tHallo\n\nGood morning\tGuten Morgen\n", encoding="utf-8")
+    assert read_parallel_file(tsv) == [("Hello", "Hallo"), ("Good morning", "Guten Morgen")]
+    jsonl = tmp_path / "pairs.jsonl"
+    jsonl.write_text(json.dumps({"en": "Yes", "de": "Ja"}) + "\n", encoding="utf-8")
+    assert read_parallel_file(jsonl, "en", "de") == [("Yes", "Ja")]
+    tsv.write_text("Hello\tHallo\nno tab here\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"pairs.tsv, line 2: expected 'source<TAB>target'"):
+        read_parallel_file(tsv)
+    jsonl.write_text('{"src": "a", "tgt": "b"}\n{"src": "a"\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"pairs.jsonl, line 2: not valid JSON"):
+        read_parallel_file(jsonl)
+    with pytest.raises(FileNotFoundError, match="data.path="):
+        read_parallel_file(tmp_path / "missing.tsv")
+
+
+def test_inverse_sqrt_schedule_is_the_papers():
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([weight], lr=2.0)
+    schedule = inverse_sqrt(optimizer, total_steps=10_000, d_model=512, warmup_steps=4000)
+    lrs = []
+    for _ in range(8000):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    for step in (1, 100, 4000, 8000):  # the paper counts steps from 1
+        expected = 2.0 * 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+        assert lrs[step - 1] == pytest.approx(expected, rel=1e-9)
+    assert max(lrs) == pytest.approx(2.0 * (512 * 4000) ** -0.5)
+
+
+def test_corpus_score_accumulated_over_batches_equals_sacrebleu_on_the_whole_corpus():
+    hypotheses = ["Datei öffnen", "Das Dokument wurde gespeichert .", "Fehler", "eins zwei drei vier"]
+    references = ["Datei öffnen", "Dokument gespeichert .", "Ein Fehler ist aufgetreten", "eins zwei drei"]
+    for kind, reference in (("bleu", BLEU()), ("chrf", CHRF())):
+        metric = CorpusScore(kind)
+        metric.update(hypotheses[:1], references[:1])
+        metric.update(hypotheses[1:], references[1:])
+        expected = reference.corpus_score(hypotheses, [references]).score
+        assert metric.compute().item() == pytest.approx(expected, abs=1e-9)
+        assert 0 < expected < 100
+
+
+def test_cross_attention_probabilities_equal_torch_multihead_attention():
+    torch.manual_seed(0)
+    d, heads = 16, 2
+    ours = MultiHeadAttention(d, heads, cross_attention=True)
+    reference = torch.nn.MultiheadAttention(d, heads, batch_first=True)
+    with torch.no_grad():
+        reference.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.kv_proj.weight]))
+        reference.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.kv_proj.bias]))
+    x, context = torch.randn(2, 3, d), torch.randn(2, 5, d)
+    valid = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    _, expected = reference(x, context, context, key_padding_mask=~valid, average_attn_weights=True)
+    probs = ours.attention_probs(x, context, valid[:, None, None, :]).mean(dim=1)
+    torch.testing.assert_close(probs, expected, atol=1e-6, rtol=1e-5)
+
+
+def _translation(locale: Path, *overrides: str) -> list[str]:
+    return [
+        "experiment=translation", f"data.path={locale}", "data.vocab_size=300", "data.max_tokens=48",
+        "data.val_fraction=0.2", "data.test_fraction=0.2", "model.n_encoder_layer=1", "model.n_decoder_layer=1",
+        "model.d_model=32", "model.n_head=2", "model.d_ff=64", "task.test_beam_size=2", "task.max_extra_tokens=4",
+        "task.scheduler.warmup_steps=2", *(o for o in TINY_TRAINER if not o.startswith("data.batch_size")), *overrides,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("experiment", ["translation", "translation_base"])
+def test_fast_dev_run_of_both_experiments(compose_cfg, tmp_path, experiment):
+    locale = write_parallel_locale(tmp_path / "locale", n=10)
+    overrides = ["data.vocab_size=300", "data.num_workers=0", "trainer=cpu", "task.max_extra_tokens=2"]
+    cfg = compose_cfg(f"experiment={experiment}", f"data.path={locale}", "debug=fdr", *overrides)
+    metrics = train(cfg)
+    assert {"test/bleu", "test/chrf", "test/bleu_greedy", "test/bleu_identity", "test/loss"} <= set(metrics)
+
+
+def test_tiny_run_logs_scores_translations_and_cross_attention(compose_cfg, tmp_path):
+    cfg = compose_cfg(*_translation(write_parallel_locale(tmp_path / "locale")))
+    metrics = train(cfg)
+    rows = list(csv.DictReader(open(tmp_path / "csv" / "metrics.csv")))
+    logged = {k for row in rows for k, v in row.items() if v}
+    for key in (
+        "train/loss",
+        "train/padding",
+        "train/tokens_per_s",
+        "val/loss",
+        "val/ppl",
+        "val/bleu",
+        "val/chrf",
+    ):
+        assert key in logged, key
+    assert metrics["test/ppl"] == pytest.approx(torch.tensor(metrics["test/loss"]).exp().item(), rel=1e-4)
+    assert metrics["test/bleu_identity"] > 0  # the sources share numbers and placeholders with the references
+    table = list(csv.DictReader(open(tmp_path / "csv" / "val_translations.csv")))
+    assert len(table) == 2 * 4 and {"source", "reference", "hypothesis"} <= set(table[0])  # 2 validations
+    assert list((tmp_path / "csv" / "images").glob("val_cross_attention_step*.png"))
+
+
+def test_bleu_over_two_ranks_equals_one_process(compose_cfg, tmp_path, cache_dir):
+    """The test split is an odd number of batches, so the ranks get unequal shares; corpus BLEU/chrF are
+    computed from statistics summed over both (a rank-0-only or mean-of-ranks score would differ)."""
+    locale = write_parallel_locale(tmp_path / "locale")
+    parent = compose_cfg(*_translation(locale), "test=false")
+    parent.callbacks.model_checkpoint.dirpath = str(tmp_path / "parent")
+    train(parent)
+    checkpoint = tmp_path / "parent" / "last.ckpt"
+    evaluate = [
+        *_translation(locale),
+        "train=false",
+        f"ckpt_path={checkpoint}",
+        "trainer.limit_test_batches=1.0",
+    ]
+    one = compose_cfg(*evaluate)
+    one.paths.output_dir = str(tmp_path / "one")
+    one.logger.csv.save_dir = str(tmp_path / "one")
+    single = train(one)
+    test_batches = TranslationDataModule(**{k: v for k, v in one.data.items() if k != "_target_"})
+    test_batches.setup()
+    assert len(test_batches.datasets["test"]) % 2 == 1
+    two = tmp_path / "two"
+    result = train_cli(
+        *evaluate,
+        "trainer=ddp_cpu",
+        f"hydra.run.dir={two}",
+        f"paths.log_dir={tmp_path}",
+        f"paths.cache_dir={cache_dir}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = list(csv.DictReader(open(two / "csv" / "metrics.csv")))
+    ddp = {k: float(v) for row in rows for k, v in row.items() if v and k.startswith("test/")}
+    assert single["test/bleu_identity"] > 0
+    for key in ("test/bleu", "test/chrf", "test/bleu_identity", "test/chrf_identity", "test/loss"):
+        assert ddp[key] == pytest.approx(single[key], rel=1e-6), key
