@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from lit_transformers.data import TranslationDataModule, gettext_pairs, read_parallel_file
 from lit_transformers.data.translation import token_budget_batches
 from lit_transformers.nn import MultiHeadAttention
-from lit_transformers.tasks import inverse_sqrt
+from lit_transformers.tasks import TranslationTask, inverse_sqrt
 from lit_transformers.tasks.evaluation import CorpusScore
 from lit_transformers.train import train
 
@@ -192,6 +194,17 @@ def test_tiny_run_logs_scores_translations_and_cross_attention(compose_cfg, tmp_
     table = list(csv.DictReader(open(tmp_path / "csv" / "val_translations.csv")))
     assert len(table) == 2 * 4 and {"source", "reference", "hypothesis"} <= set(table[0])  # 2 validations
     assert list((tmp_path / "csv" / "images").glob("val_cross_attention_step*.png"))
+    # lit-translate: stdin lines in, one translation per line out, in order, batched like one-by-one decoding
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    sentences = ["Open file 3", "", "Delete 12 items from the list", "Quit"]
+    result = subprocess.run(
+        [sys.executable, "-m", "lit_transformers.translate", f"ckpt={checkpoint}", "beam=2", "batch_size=2"],
+        input="\n".join(sentences) + "\n", capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    task = TranslationTask.load_from_checkpoint(checkpoint, weights_only=True)
+    expected = [task.translate_texts([s], beam_size=2)[0] for s in sentences]
+    assert result.stdout.split("\n")[:-1] == expected and expected[1] == ""
 
 
 def test_bleu_over_two_ranks_equals_one_process(compose_cfg, tmp_path, cache_dir):

@@ -108,6 +108,24 @@ class TranslationTask(Task):
         hypotheses = self.model.translate(src_ids, src_valid, beam_size, h.length_penalty, h.max_extra_tokens)
         return [tok.decode(ids) for ids in hypotheses]
 
+    @torch.no_grad()
+    def translate_texts(self, sentences: list[str], beam_size: int = 1, batch_size: int = 32) -> list[str]:
+        """Translations of raw sentences, decoded in batches of similar length (less padding); an empty
+        sentence translates to an empty one."""
+        tok = self.require_tokenizer()
+        encoded = [[*tok.encode(s), self.model.config.eos_id] for s in sentences]
+        order = sorted((i for i, s in enumerate(sentences) if s.strip()), key=lambda i: len(encoded[i]))
+        translations = [""] * len(sentences)
+        was_training = self.model.training
+        self.model.eval()
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            src_ids, src_valid = right_pad([encoded[i] for i in rows], tok.pad_id, device=self.device)
+            for i, text in zip(rows, self.translate(src_ids, src_valid, beam_size)):
+                translations[i] = text
+        self.model.train(was_training)
+        return translations
+
     def _score(self, stage: str, hypotheses: list[str], references: list[str]) -> None:
         self.scores[f"{stage}_bleu"].update(hypotheses, references)
         self.scores[f"{stage}_chrf"].update(hypotheses, references)
@@ -178,20 +196,16 @@ class TranslationTask(Task):
         examples = getattr(self._trainer.datamodule, "fixed_examples", lambda n: [])(n) if n else []
         if not examples or self.trainer.sanity_checking or not self.trainer.is_global_zero:
             return
-        tok = self.require_tokenizer()
-        eos = self.model.config.eos_id
-        src_ids, src_valid = right_pad(
-            [[*tok.encode(s), eos] for s, _ in examples], tok.pad_id, device=self.device
-        )
-        hypotheses = self.translate(src_ids, src_valid, beam_size=1)
+        hypotheses = self.translate_texts([source for source, _ in examples])
         log_table(
             self.trainer,
             "val/translations",
             ["source", "reference", "hypothesis"],
             [(s, r, h) for (s, r), h in zip(examples, hypotheses)],
         )
-        source = src_ids[:1, : int(src_valid[0].sum())]
-        target = torch.tensor([[self.model.config.bos_id, *tok.encode(hypotheses[0])]], device=self.device)
+        tok, config = self.require_tokenizer(), self.model.config
+        source = torch.tensor([[*tok.encode(examples[0][0]), config.eos_id]], device=self.device)
+        target = torch.tensor([[config.bos_id, *tok.encode(hypotheses[0])]], device=self.device)
         probs = cross_attention_map(self.model, source, target)  # (T, S)
         labels = lambda ids: [tok.decode([i], skip_special_tokens=False) for i in ids]  # noqa: E731
         image = labeled_matrix_image(
