@@ -242,3 +242,13 @@ def test_bleu_over_two_ranks_equals_one_process(compose_cfg, tmp_path, cache_dir
     assert single["test/bleu_identity"] > 0
     for key in ("test/bleu", "test/chrf", "test/bleu_identity", "test/chrf_identity", "test/loss"):
         assert ddp[key] == pytest.approx(single[key], rel=1e-6), key
+
+
+def test_hub_translation_dataset_from_a_local_copy(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"en": f"Open file {i}", "de": f"Datei {i} öffnen"} for i in range(20)]
+    datasets.Dataset.from_dict({"translation": rows}).save_to_disk(str(tmp_path / "opus"))
+    dm = TranslationDataModule(source="hub", name=str(tmp_path / "opus"), src_lang="en", lang="de")
+    assert dm.pairs[3] == ("Open file 3", "Datei 3 öffnen")
+    with pytest.raises(KeyError, match="data.src_lang and data.lang"):
+        _ = TranslationDataModule(source="hub", name=str(tmp_path / "opus"), src_lang="en", lang="fr").pairs
