@@ -252,3 +252,17 @@ def test_hub_translation_dataset_from_a_local_copy(tmp_path):
     assert dm.pairs[3] == ("Open file 3", "Datei 3 öffnen")
     with pytest.raises(KeyError, match="data.src_lang and data.lang"):
         _ = TranslationDataModule(source="hub", name=str(tmp_path / "opus"), src_lang="en", lang="fr").pairs
+
+
+def test_separate_vocabularies_train_and_reload_with_their_source_tokenizer(compose_cfg, tmp_path):
+    locale = write_parallel_locale(tmp_path / "locale", n=10)
+    separate = ["data.joint_vocab=false", "data.src_vocab_size=280", "trainer.max_steps=2", "test=false"]
+    with pytest.raises(ValueError, match="model.share_embeddings=false"):
+        train(compose_cfg(*_translation(locale, *separate)))
+    train(compose_cfg(*_translation(locale, *separate, "model.share_embeddings=false")))
+    task = TranslationTask.load_from_checkpoint(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    source, target = task.source_tokenizer, task.tokenizer
+    assert "Datei" in target.backend.get_vocab() and "Datei" not in source.backend.get_vocab()
+    assert task.model.src_emb.num_embeddings == source.vocab_size != task.model.tgt_emb.num_embeddings
+    assert task.encode_sources(["Open file 3"])[0][:-1] == source.encode("Open file 3")
+    assert len(task.translate_texts(["Open file 3", "Quit"], beam_size=2)) == 2

@@ -169,7 +169,8 @@ class TranslationDataModule(CollatedSplits):
     """Args: ``source``: gettext (``lang`` picks the target language of the English catalogs under ``path``,
     default /usr/share/locale), file (``path`` a .tsv or .jsonl; ``src_field``/``tgt_field`` name the JSONL
     keys) or hub (``name``, ``subset``, ``split``, ``src_lang``, ``lang``); a joint byte-level BPE trained on
-    both sides of the training split (``vocab_size``) or ``tokenizer_path``; ``max_tokens`` per batch per
+    both sides of the training split (``vocab_size``) or ``tokenizer_path``, or with ``joint_vocab=False`` one
+    per side (``src_vocab_size`` / ``source_tokenizer_path`` for the source); ``max_tokens`` per batch per
     device (padding included); pairs longer than ``max_length`` tokens on either side are left out of
     training; the split fractions (by source sentence: no source is in two splits)."""
 
@@ -186,6 +187,9 @@ class TranslationDataModule(CollatedSplits):
         src_lang: str = "en",
         vocab_size: int = 8000,
         tokenizer_path: str | None = None,
+        joint_vocab: bool = True,
+        src_vocab_size: int | None = None,
+        source_tokenizer_path: str | None = None,
         max_tokens: int = 4096,
         max_length: int = 128,
         val_fraction: float = 0.03,
@@ -202,7 +206,8 @@ class TranslationDataModule(CollatedSplits):
                 f"data.max_tokens={max_tokens} and data.max_length={max_length} must be at least 1"
             )
         self.save_hyperparameters(logger=False)
-        self.tokenizer: Tokenizer | None = None
+        self.tokenizer: Tokenizer | None = None  # the target side's (the joint one by default)
+        self.source_tokenizer: Tokenizer | None = None
         self.datasets: dict[str, list[list[dict]]] = {}
 
     @cached_property
@@ -229,8 +234,8 @@ class TranslationDataModule(CollatedSplits):
             splits[split_of[pair[0]]].append(pair)
         return splits
 
-    @cached_property
-    def tokenizer_cache(self) -> Path:
+    def tokenizer_cache(self, side: str, vocab_size: int) -> Path:
+        """Where the BPE of ``side`` (joint, source or target) trained on this data is cached."""
         h = self.hparams
         identity = [
             h.source,
@@ -248,41 +253,52 @@ class TranslationDataModule(CollatedSplits):
             stat = Path(h.path).expanduser().stat()
             identity.append((stat.st_size, stat.st_mtime_ns))
         key = hashlib.sha1(json.dumps(identity, default=str).encode()).hexdigest()[:16]
-        return (
-            Path(os.path.expanduser(h.cache_dir))
-            / "tokenizers"
-            / f"{key}-translation-bpe-{h.vocab_size}.json"
+        name = f"{key}-translation-{side}-bpe-{vocab_size}.json"
+        return Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / name
+
+    def _load_or_train(self, side: str, path: str | None, sides: tuple[int, ...]) -> Tokenizer:
+        if path:
+            return Tokenizer.from_file(path)
+        h = self.hparams
+        vocab_size = (h.src_vocab_size or h.vocab_size) if side == "source" else h.vocab_size
+        return Tokenizer.load_or_train(
+            self.tokenizer_cache(side, vocab_size),
+            lambda: [pair[i] for pair in self.splits["train"] for i in sides],
+            "bpe",
+            vocab_size,
         )
 
-    def load_tokenizer(self) -> Tokenizer:
+    def load_tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
+        """(source, target) tokenizers: one joint BPE over both sides by default, the same object twice."""
         h = self.hparams
-        if h.tokenizer_path:
-            return Tokenizer.from_file(h.tokenizer_path)
-        return Tokenizer.load_or_train(
-            self.tokenizer_cache,
-            lambda: [text for pair in self.splits["train"] for text in pair],
-            "bpe",
-            h.vocab_size,
-        )
+        if h.joint_vocab:
+            joint = self._load_or_train("joint", h.tokenizer_path, (0, 1))
+            return joint, joint
+        source = self._load_or_train("source", h.source_tokenizer_path, (0,))
+        target = self._load_or_train("target", h.tokenizer_path, (1,))
+        if (source.pad_id, source.eos_id) != (target.pad_id, target.eos_id):
+            raise ValueError(
+                "The source and target tokenizers give PAD and EOS different ids; train both here "
+                "(data.source_tokenizer_path=null data.tokenizer_path=null) or use data.joint_vocab=true"
+            )
+        return source, target
 
     def prepare_data(self) -> None:
-        self.load_tokenizer()
+        self.load_tokenizers()
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
         h = self.hparams
-        self.tokenizer = tok = self.load_tokenizer()
+        self.source_tokenizer, self.tokenizer = source_tok, tok = self.load_tokenizers()
         self.collate = TranslationCollator(tok)
         for name, pairs in self.splits.items():
             if not pairs:
                 raise ValueError(
                     f"The {name} split has no sentence pairs; add data or raise data.{name}_fraction"
                 )
-            sources, targets = (
-                tok.encode_batch([s for s, _ in pairs]),
-                tok.encode_batch([t for _, t in pairs]),
-            )
+            sources = source_tok.encode_batch([s for s, _ in pairs])
+            targets = tok.encode_batch([t for _, t in pairs])
             examples = [
                 {"src": s, "tgt": t, "src_text": src_text, "tgt_text": tgt_text}
                 for s, t, (src_text, tgt_text) in zip(sources, targets, pairs)

@@ -3,6 +3,7 @@ label-smoothed cross-entropy, sacreBLEU BLEU and chrF of decoded validation and 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -12,7 +13,7 @@ from lit_transformers.models import Seq2SeqConfig, Seq2SeqTransformer
 from lit_transformers.nn import token_cross_entropy
 from lit_transformers.tasks.base import Task, config_spec
 from lit_transformers.tasks.evaluation import CorpusScore, labeled_matrix_image
-from lit_transformers.text import right_pad
+from lit_transformers.text import Tokenizer, right_pad
 from lit_transformers.utils.dashboards import log_image, log_table
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class TranslationTask(Task):
         length_penalty: float = 0.6,
         max_extra_tokens: int = 50,
         num_examples: int = 4,
+        source_tokenizer: dict | None = None,
         **task_args,
     ):
         if init_from_hf:  # the architecture is the checkpoint's: recorded now, so a resumed run matches it
@@ -50,6 +52,7 @@ class TranslationTask(Task):
             model = read_config(init_from_hf)
         model = config_spec(model)  # before the base records the arguments as hyperparameters
         super().__init__(**task_args)
+        self.source_tokenizer = Tokenizer.from_state(source_tokenizer) if source_tokenizer else None
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.scores = torch.nn.ModuleDict(
             {
@@ -75,14 +78,34 @@ class TranslationTask(Task):
             log.info("init_from_hf: loaded the Marian model in %s", path)
             self.hparams.init_from_hf = None  # checkpoints of this task rebuild it from hparams.model
             return model
-        return Seq2SeqTransformer(
-            self.text_model_config(
-                vocab_size=lambda tok: tok.vocab_size,
-                pad_id=lambda tok: tok.pad_id,
-                bos_id=lambda tok: tok.bos_id,
-                eos_id=lambda tok: tok.eos_id,
-            )
+        config = self.text_model_config(
+            vocab_size=lambda tok: tok.vocab_size,
+            pad_id=lambda tok: tok.pad_id,
+            bos_id=lambda tok: tok.bos_id,
+            eos_id=lambda tok: tok.eos_id,
         )
+        source = self.attach_source_tokenizer()
+        if source is not None:
+            if config.share_embeddings:
+                raise ValueError(
+                    "data.joint_vocab=false gives the source its own vocabulary; set model.share_embeddings=false"
+                )
+            config = dataclasses.replace(config, src_vocab_size=config.src_vocab_size or source.vocab_size)
+        return Seq2SeqTransformer(config)
+
+    def attach_source_tokenizer(self) -> Tokenizer | None:
+        """The source side's own tokenizer (None with one joint vocabulary): the datamodule's when training
+        (then recorded in the hyperparameters, so checkpoints carry it), else the checkpoint's."""
+        source, target = self.datamodule_attr("source_tokenizer"), self.datamodule_attr("tokenizer")
+        if source is not None and source is not target:
+            self.source_tokenizer = source
+            self.hparams.source_tokenizer = source.state()
+        return self.source_tokenizer
+
+    def encode_sources(self, sentences: list[str]) -> list[list[int]]:
+        """Source token ids + EOS, with the source side's tokenizer."""
+        tok = self.source_tokenizer or self.require_tokenizer()
+        return [[*ids, self.model.config.eos_id] for ids in tok.encode_batch(sentences)]
 
     def forward(self, src_ids: torch.Tensor, tgt_ids: torch.Tensor, src_valid: torch.Tensor) -> torch.Tensor:
         return self.model(src_ids, tgt_ids, src_valid)
@@ -113,7 +136,7 @@ class TranslationTask(Task):
         """Translations of raw sentences, decoded in batches of similar length (less padding); an empty
         sentence translates to an empty one."""
         tok = self.require_tokenizer()
-        encoded = [[*tok.encode(s), self.model.config.eos_id] for s in sentences]
+        encoded = self.encode_sources(sentences)
         order = sorted((i for i, s in enumerate(sentences) if s.strip()), key=lambda i: len(encoded[i]))
         translations = [""] * len(sentences)
         was_training = self.model.training
@@ -203,13 +226,17 @@ class TranslationTask(Task):
             ["source", "reference", "hypothesis"],
             [(s, r, h) for (s, r), h in zip(examples, hypotheses)],
         )
-        tok, config = self.require_tokenizer(), self.model.config
-        source = torch.tensor([[*tok.encode(examples[0][0]), config.eos_id]], device=self.device)
-        target = torch.tensor([[config.bos_id, *tok.encode(hypotheses[0])]], device=self.device)
+        tok = self.require_tokenizer()
+        source = torch.tensor(self.encode_sources([examples[0][0]]), device=self.device)
+        target = torch.tensor([[self.model.config.bos_id, *tok.encode(hypotheses[0])]], device=self.device)
         probs = cross_attention_map(self.model, source, target)  # (T, S)
-        labels = lambda ids: [tok.decode([i], skip_special_tokens=False) for i in ids]  # noqa: E731
+        labels = lambda t, ids: [t.decode([i], skip_special_tokens=False) for i in ids]  # noqa: E731
         image = labeled_matrix_image(
-            probs, labels(target[0].tolist()), labels(source[0].tolist()), "source", "target"
+            probs,
+            labels(tok, target[0].tolist()),
+            labels(self.source_tokenizer or tok, source[0].tolist()),
+            "source",
+            "target",
         )
         log_image(self.trainer, "val/cross_attention", image)
 
