@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra.core.global_hydra import GlobalHydra
 from sacrebleu.metrics import BLEU, CHRF
 
 from lit_transformers.data import TranslationDataModule, gettext_pairs, read_parallel_file
@@ -21,7 +22,7 @@ from lit_transformers.tasks import TranslationTask, inverse_sqrt
 from lit_transformers.tasks.evaluation import CorpusScore
 from lit_transformers.train import train
 
-from conftest import TINY_TRAINER, train_cli
+from conftest import TINY_TRAINER, compose_train_cfg, train_cli
 from test_bert_classify import write_mo
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -174,10 +175,20 @@ def test_fast_dev_run_of_both_experiments(compose_cfg, tmp_path, experiment):
     assert {"test/bleu", "test/chrf", "test/bleu_greedy", "test/bleu_identity", "test/loss"} <= set(metrics)
 
 
-def test_tiny_run_logs_scores_translations_and_cross_attention(compose_cfg, tmp_path):
-    cfg = compose_cfg(*_translation(write_parallel_locale(tmp_path / "locale")))
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, cache_dir) -> tuple[Path, dict]:
+    """One tiny translation run (4 steps, 2 validations, test) shared by the tests that read its outputs."""
+    root = tmp_path_factory.mktemp("tiny_translation")
+    locale = write_parallel_locale(root / "locale")
+    cfg = compose_train_cfg(*_translation(locale), output_dir=root / "run", cache_dir=cache_dir)
     metrics = train(cfg)
-    rows = list(csv.DictReader(open(tmp_path / "csv" / "metrics.csv")))
+    GlobalHydra.instance().clear()
+    return root, metrics
+
+
+def test_tiny_run_logs_scores_translations_and_cross_attention(tiny_run):
+    root, metrics = tiny_run
+    rows = list(csv.DictReader(open(root / "run" / "csv" / "metrics.csv")))
     logged = {k for row in rows for k, v in row.items() if v}
     for key in (
         "train/loss",
@@ -191,11 +202,14 @@ def test_tiny_run_logs_scores_translations_and_cross_attention(compose_cfg, tmp_
         assert key in logged, key
     assert metrics["test/ppl"] == pytest.approx(torch.tensor(metrics["test/loss"]).exp().item(), rel=1e-4)
     assert metrics["test/bleu_identity"] > 0  # the sources share numbers and placeholders with the references
-    table = list(csv.DictReader(open(tmp_path / "csv" / "val_translations.csv")))
+    table = list(csv.DictReader(open(root / "run" / "csv" / "val_translations.csv")))
     assert len(table) == 2 * 4 and {"source", "reference", "hypothesis"} <= set(table[0])  # 2 validations
-    assert list((tmp_path / "csv" / "images").glob("val_cross_attention_step*.png"))
-    # lit-translate: stdin lines in, one translation per line out, in order, batched like one-by-one decoding
-    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    assert list((root / "run" / "csv" / "images").glob("val_cross_attention_step*.png"))
+
+
+def test_lit_translate_reads_stdin_and_keeps_line_order(tiny_run):
+    """stdin lines in, one translation per line out, in order; batched decoding equals one by one."""
+    checkpoint = tiny_run[0] / "run" / "checkpoints" / "last.ckpt"
     sentences = ["Open file 3", "", "Delete 12 items from the list", "Quit"]
     result = subprocess.run(
         [sys.executable, "-m", "lit_transformers.translate", f"ckpt={checkpoint}", "beam=2", "batch_size=2"],
@@ -207,23 +221,18 @@ def test_tiny_run_logs_scores_translations_and_cross_attention(compose_cfg, tmp_
     assert result.stdout.split("\n")[:-1] == expected and expected[1] == ""
 
 
-def test_bleu_over_two_ranks_equals_one_process(compose_cfg, tmp_path, cache_dir):
+def test_bleu_over_two_ranks_equals_one_process(compose_cfg, tiny_run, tmp_path, cache_dir):
     """The test split is an odd number of batches, so the ranks get unequal shares; corpus BLEU/chrF are
     computed from statistics summed over both (a rank-0-only or mean-of-ranks score would differ)."""
-    locale = write_parallel_locale(tmp_path / "locale")
-    parent = compose_cfg(*_translation(locale), "test=false")
-    parent.callbacks.model_checkpoint.dirpath = str(tmp_path / "parent")
-    train(parent)
-    checkpoint = tmp_path / "parent" / "last.ckpt"
+    root, _ = tiny_run
+    checkpoint = root / "run" / "checkpoints" / "last.ckpt"
     evaluate = [
-        *_translation(locale),
+        *_translation(root / "locale"),
         "train=false",
         f"ckpt_path={checkpoint}",
         "trainer.limit_test_batches=1.0",
     ]
     one = compose_cfg(*evaluate)
-    one.paths.output_dir = str(tmp_path / "one")
-    one.logger.csv.save_dir = str(tmp_path / "one")
     single = train(one)
     test_batches = TranslationDataModule(**{k: v for k, v in one.data.items() if k != "_target_"})
     test_batches.setup()
