@@ -5,11 +5,17 @@ from lit_transformers.nn.losses import IGNORE_INDEX
 from lit_transformers.text.batching import eos_terminated, left_pad, pad_pairs, right_pad
 from lit_transformers.text.mlm import SentencePair, build_nsp_pairs, mask_tokens, pack_pair, split_sentences
 from lit_transformers.text.splits import split_by_fractions
-from lit_transformers.text.tokenizer import BERT_SPECIAL_TOKENS, SPECIAL_TOKENS, Tokenizer
+from lit_transformers.text.tokenizer import (
+    BERT_SPECIAL_TOKENS,
+    MARIAN_SPECIAL_TOKENS,
+    SPECIAL_TOKENS,
+    Tokenizer,
+)
 
 __all__ = [
     "BERT_SPECIAL_TOKENS",
     "IGNORE_INDEX",
+    "MARIAN_SPECIAL_TOKENS",
     "SPECIAL_TOKENS",
     "SentencePair",
     "Tokenizer",

@@ -26,6 +26,8 @@ SPECIAL_TOKENS = {"pad": "<|pad|>", "bos": "<|bos|>", "eos": "<|endoftext|>"}
 UNK_TOKEN = "<|unk|>"
 # BERT's roles and strings, the default of kind="wordpiece" (and of vocab.txt files)
 BERT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+# Marian / OPUS-MT's: the decoder starts from the pad token, so BOS is "<pad>" too
+MARIAN_SPECIAL_TOKENS = {"pad": "<pad>", "bos": "<pad>", "eos": "</s>", "unk": "<unk>"}
 KINDS = ("bpe", "char", "wordpiece")
 
 
@@ -138,7 +140,8 @@ class Tokenizer:
     def from_file(cls, path: str | Path, special_tokens: Mapping[str, str] | None = None) -> Tokenizer:
         """A ``tokenizer.json``, a ``.ckpt`` written by train.py (the tokenizer it was trained with), a BERT
         ``vocab.txt``, or a Hugging Face checkpoint directory holding either file. ``special_tokens``
-        default to GPT's roles, or BERT's for vocab.txt and for tokenizer.json files with all of BERT's tokens."""
+        default to GPT's roles, or those of the first of BERT and Marian whose tokens the file has all of
+        (always BERT's for vocab.txt)."""
         path = Path(path).expanduser()
         if path.is_dir():
             found = [path / name for name in ("tokenizer.json", "vocab.txt") if (path / name).is_file()]
@@ -157,9 +160,15 @@ class Tokenizer:
             return cls(backend, special_tokens or BERT_SPECIAL_TOKENS)
         backend = HFTokenizer.from_file(str(path))
         if special_tokens is None:
-            bert = all(backend.token_to_id(t) is not None for t in BERT_SPECIAL_TOKENS.values())
-            gpt = backend.token_to_id(SPECIAL_TOKENS["pad"]) is not None
-            special_tokens = BERT_SPECIAL_TOKENS if bert and not gpt else SPECIAL_TOKENS
+            has = lambda tokens: all(backend.token_to_id(t) is not None for t in tokens.values())  # noqa: E731
+            special_tokens = next(
+                (
+                    roles
+                    for roles in (SPECIAL_TOKENS, BERT_SPECIAL_TOKENS, MARIAN_SPECIAL_TOKENS)
+                    if has(roles)
+                ),
+                SPECIAL_TOKENS,
+            )
         return cls(backend, special_tokens)
 
     @classmethod
