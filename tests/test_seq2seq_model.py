@@ -314,14 +314,17 @@ def _beam_translations(model, src, valid, beam_size, alpha, max_extra_tokens=50)
     return [h[:limit] for h, limit in zip(hypotheses, max_new.tolist())], scores
 
 
-def _penalised_score(model64, src, hypothesis, alpha, limit):
-    """log P(hypothesis + EOS unless it stopped at the limit | src) / ((5 + |Y|) / 6)^alpha, |Y| counting the
-    EOS, teacher-forced by a float64 copy of the model."""
-    target = hypothesis if len(hypothesis) == limit else [*hypothesis, EOS]
+def _penalised_scores(model64, src, hypotheses, alpha, limit) -> list[float]:
+    """log P(hypothesis + EOS unless it stopped at the limit | src) / ((5 + |Y|) / 6)^alpha of each hypothesis,
+    |Y| counting the EOS, teacher-forced in one batch by a float64 copy of the model (a causal decoder's logits
+    at a position do not depend on the filler after it)."""
+    targets = [h if len(h) == limit else [*h, EOS] for h in hypotheses]
+    padded = torch.tensor([t + [EOS] * (limit - len(t)) for t in targets])
+    inputs = torch.cat([torch.full((len(targets), 1), BOS), padded[:, :-1]], dim=1)
     with torch.no_grad():
-        logits = model64(src[None], torch.tensor([[BOS, *target[:-1]]]))
-    logp = logits[0].log_softmax(dim=-1).gather(1, torch.tensor(target)[:, None]).sum().item()
-    return logp / ((5 + len(target)) / 6) ** alpha
+        logp = model64(src.expand(len(targets), -1), inputs).log_softmax(dim=-1)
+    token_logp = logp.gather(2, padded[:, :, None])[..., 0]
+    return [token_logp[i, : len(t)].sum().item() / ((5 + len(t)) / 6) ** alpha for i, t in enumerate(targets)]
 
 
 def _model_with_eos_bias(eos_bias: float, seed=0, **overrides):
@@ -343,10 +346,8 @@ def test_beam_of_one_is_greedy_without_length_penalty_and_never_worse_with_it():
     assert _beam_translations(model, src, valid, 1, alpha=0.0, max_extra_tokens=extra)[0] == greedy
     beam, _ = _beam_translations(model, src, valid, 1, alpha=0.6, max_extra_tokens=extra)
     for row, n, g, b in zip(src, lengths, greedy, beam):
-        limit = n + extra
-        assert _penalised_score(model64, row[:n], b, 0.6, limit) >= _penalised_score(
-            model64, row[:n], g, 0.6, limit
-        )
+        beam_score, greedy_score = _penalised_scores(model64, row[None, :n], [b, g], 0.6, n + extra)
+        assert b == g or beam_score > greedy_score
 
 
 @pytest.mark.parametrize(
@@ -372,7 +373,7 @@ def test_wide_beam_finds_the_exhaustive_search_optimum(seed, output_scale, eos_b
     beam, scores = _beam_translations(model, src, valid, len(hypotheses), alpha, max_extra_tokens=limit - 2)
     for i, row in enumerate(src):
         ranked = sorted(
-            ((_penalised_score(model64, row, h, alpha, limit), h) for h in hypotheses), reverse=True
+            zip(_penalised_scores(model64, row[None], hypotheses, alpha, limit), hypotheses), reverse=True
         )
         (best, optimum), (runner_up, _) = ranked[:2]
         assert best - runner_up > 1e-3, "pick another seed: the optimum is not unique at float32 precision"
