@@ -240,6 +240,11 @@ def test_from_hf_refuses_what_it_cannot_represent(tmp_path):
     config = transformers.MarianConfig(**MARIAN).to_dict() | {"normalize_before": True}
     with pytest.raises(ValueError, match="normalize_before"):
         Seq2SeqTransformer.from_hf(_marian(**config))
+    tampered = _marian()
+    with torch.no_grad():  # HF's [sin | cos] table is computed, not loaded: it must be the one ours computes
+        tampered.model.decoder.embed_positions.weight[3, 0] += 0.1
+    with pytest.raises(ValueError, match="embed_positions"):
+        Seq2SeqTransformer.from_hf(tampered)
     with pytest.raises(FileNotFoundError, match="config.json"):
         Seq2SeqTransformer.from_hf(tmp_path)
     for overrides in (

@@ -53,7 +53,8 @@ def embeddings_shared(hf: dict, hf_state: dict[str, torch.Tensor]) -> bool:
     """Whether the encoder and decoder embeddings are one matrix. ``share_encoder_decoder_embeddings`` says so,
     but transformers 5 ties them only together with ``tie_word_embeddings``: an untied model holds two."""
     copies = [hf_state[key] for key in SHARED_EMBEDDING_KEYS if key in hf_state]
-    return hf.get("share_encoder_decoder_embeddings", True) and all(torch.equal(copies[0], c) for c in copies)
+    one = all(torch.equal(a, b) for a, b in zip(copies, copies[1:]))
+    return hf.get("share_encoder_decoder_embeddings", True) and one
 
 
 def config_from_hf(hf: dict, shared: bool) -> Seq2SeqConfig:
