@@ -1,4 +1,5 @@
-"""Reading a Hugging Face checkpoint: what the GPT-2 and BERT name maps (``hf_gpt2``, ``hf_bert``) both start from."""
+"""Reading a Hugging Face checkpoint: what the GPT-2, BERT and Marian name maps (``hf_gpt2``, ``hf_bert``,
+``hf_marian``) all start from."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 
 def read_hf_config(path: str | Path, family: str) -> dict:
-    """The ``config.json`` of a Hugging Face ``family`` (GPT-2, BERT) checkpoint directory."""
+    """The ``config.json`` of a Hugging Face ``family`` (GPT-2, BERT, Marian) checkpoint directory."""
     path = Path(path).expanduser()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
