@@ -20,6 +20,7 @@ from lit_transformers.data.translation import token_budget_batches
 from lit_transformers.nn import MultiHeadAttention
 from lit_transformers.tasks import TranslationTask, inverse_sqrt
 from lit_transformers.tasks.evaluation import CorpusScore
+from lit_transformers.text import MARIAN_SPECIAL_TOKENS, Tokenizer
 from lit_transformers.train import train
 
 from conftest import TINY_TRAINER, compose_train_cfg, train_cli
@@ -275,3 +276,38 @@ def test_separate_vocabularies_train_and_reload_with_their_source_tokenizer(comp
     assert task.model.src_emb.num_embeddings == source.vocab_size != task.model.tgt_emb.num_embeddings
     assert task.encode_sources(["Open file 3"])[0][:-1] == source.encode("Open file 3")
     assert len(task.translate_texts(["Open file 3", "Quit"], beam_size=2)) == 2
+
+
+def test_fine_tuning_a_marian_checkpoint_end_to_end(compose_cfg, tmp_path):
+    """A Marian directory (config, weights, and a tokenizer.json with Marian's special tokens) initialises the
+    run; with lr 0 the trained checkpoint still computes Marian's logits, and reloads without the directory."""
+    transformers = pytest.importorskip("transformers")
+    locale = write_parallel_locale(tmp_path / "locale")
+    texts = [text for pair in gettext_pairs(locale, "de") for text in pair]
+    tokenizer = Tokenizer.train(texts, "bpe", 300, special_tokens=MARIAN_SPECIAL_TOKENS)
+    marian_dir = tmp_path / "opus-mt-en-de"
+    torch.manual_seed(0)
+    marian = transformers.MarianMTModel(
+        transformers.MarianConfig(
+            vocab_size=tokenizer.vocab_size, d_model=32, encoder_layers=1, decoder_layers=1,
+            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+            max_position_embeddings=128, activation_function="swish", scale_embedding=True,
+            pad_token_id=tokenizer.pad_id, decoder_start_token_id=tokenizer.pad_id, eos_token_id=tokenizer.eos_id,
+        )
+    ).eval()  # fmt: skip
+    marian.save_pretrained(str(marian_dir))
+    tokenizer.save(marian_dir / "tokenizer.json")
+    overrides = [
+        f"task.init_from_hf={marian_dir}",
+        f"data.tokenizer_path={marian_dir}",
+        "task.optimizer.lr=0",
+    ]
+    train(compose_cfg(*_translation(locale, *overrides, "trainer.max_steps=2", "test=false")))
+    task = TranslationTask.load_from_checkpoint(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert task.hparams.init_from_hf is None and task.model.config.bos_id == tokenizer.pad_id
+    src = torch.tensor([[*tokenizer.encode("Open file 7"), tokenizer.eos_id]])
+    tgt = torch.tensor([[tokenizer.pad_id, *tokenizer.encode("Datei 7")]])
+    with torch.no_grad():
+        expected = marian(input_ids=src, decoder_input_ids=tgt).logits
+    torch.testing.assert_close(task.model.eval()(src, tgt), expected, atol=1e-4, rtol=1e-4)
+    assert len(task.translate_texts(["Open file 7"], beam_size=2)) == 1

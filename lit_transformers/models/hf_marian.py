@@ -186,6 +186,12 @@ def state_dict_from_hf(hf_state: dict[str, torch.Tensor], config: Seq2SeqConfig)
     return ours
 
 
+def read_config(path_or_model) -> Seq2SeqConfig:
+    """Our config for a Marian checkpoint (whether its embeddings are shared is read from the weights)."""
+    hf_config, hf_state = hf_io.load_hf_checkpoint(path_or_model, "Marian")
+    return config_from_hf(hf_config, embeddings_shared(hf_config, hf_state))
+
+
 def from_hf(cls: type[Seq2SeqTransformer], path_or_model) -> Seq2SeqTransformer:
     """``cls`` holding a ``MarianMTModel`` object's or a local Marian checkpoint directory's weights."""
     hf_config, hf_state = hf_io.load_hf_checkpoint(path_or_model, "Marian")
