@@ -40,8 +40,11 @@ class KVCache:
         return self.k[:, :, : self.length], self.v[:, :, : self.length]
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Keep batch rows ``index`` (B',), in that order: beam search continues the chosen beams."""
-        self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+        """Rows ``index`` (B,), in that order, become the cache's B rows: beam search continues the chosen
+        beams. Only the filled positions move (early in a long decode, a small part of the buffer)."""
+        filled = slice(0, self.length)
+        self.k[:, :, filled] = self.k[index, :, filled]
+        self.v[:, :, filled] = self.v[index, :, filled]
 
 
 def causal_mask(t_q: int, t_k: int, device=None) -> torch.Tensor:

@@ -87,8 +87,10 @@ def generate(
             next_token = sample_next(logits, temperature, top_k, top_p, generator)
             next_token = next_token.masked_fill(finished, pad_id)
             tokens = torch.cat([tokens, next_token[:, None]], dim=1)
-            valid = torch.cat([valid, ~finished[:, None]], dim=1)
-            padded = padded or bool(finished.any())
+            # a finished row goes on decoding padding unmasked: its outputs are discarded, and masking it would
+            # give every other row a masked (slower) attention
+            if padded:  # left-padded prompts: keys of the new tokens are real
+                valid = torch.cat([valid, torch.ones_like(finished)[:, None]], dim=1)
             positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
             if eos_id is not None:
                 finished |= next_token == eos_id
