@@ -206,6 +206,7 @@ def test_tiny_run_logs_scores_translations_and_cross_attention(tiny_run):
     table = list(csv.DictReader(open(root / "run" / "csv" / "val_translations.csv")))
     assert len(table) == 2 * 4 and {"source", "reference", "hypothesis"} <= set(table[0])  # 2 validations
     assert list((root / "run" / "csv" / "images").glob("val_cross_attention_step*.png"))
+    assert "tok:13a" in (root / "run" / "csv" / "hparams.yaml").read_text()  # sacreBLEU's signature, once
 
 
 def test_lit_translate_reads_stdin_and_keeps_line_order(tiny_run):

@@ -63,7 +63,7 @@ class TranslationTask(Task):
         )
         self.val_bleu_best = MaxMetric()
         self.val_bleu_best.persistent(True)  # saved in checkpoints: the best survives a resume
-        self._signature_logged = False
+        self._signature_logged = False  # once per run, at its first fit or test
 
     def build_model(self) -> Seq2SeqTransformer:
         if self.hparams.init_from_hf:
@@ -190,13 +190,26 @@ class TranslationTask(Task):
                 if metric.update_called:
                     self.log(name.format(kind), metric.compute(), prog_bar=key == "val")
                 metric.reset()
-        if not self._signature_logged and self.trainer.is_global_zero:
-            log.info(
-                "sacreBLEU signatures: BLEU %s; chrF %s",
-                self.scores["val_bleu"].signature(),
-                self.scores["val_chrf"].signature(),
-            )
-            self._signature_logged = True
+
+    def _log_signatures(self) -> None:
+        """sacreBLEU's signatures (version, tokenizer, smoothing: what makes scores comparable), once per run,
+        on the console and with every dashboard's hyperparameters."""
+        if self._signature_logged:
+            return
+        signatures = {
+            f"sacrebleu/{kind}": self.scores[f"val_{kind}"].signature() for kind in ("bleu", "chrf")
+        }
+        log.info("sacreBLEU signatures: %s", signatures)
+        for logger in self.loggers:
+            logger.log_hyperparams(signatures)
+        self._signature_logged = True
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        self._log_signatures()
+
+    def on_test_start(self) -> None:
+        self._log_signatures()
 
     def on_validation_epoch_end(self):
         self._log_scores("val")
