@@ -12,6 +12,7 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+from omegaconf import OmegaConf
 
 from lit_transformers.utils.cluster import job_id_or_now, launcher_rank, on_rank_zero
 from lit_transformers.utils.config import ConfigError
@@ -116,3 +117,31 @@ def test_torchrun_on_several_nodes_without_a_job_id_is_refused(monkeypatch):
         job_id_or_now("%Y")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-7")
     assert job_id_or_now("%Y") == "job-7"
+
+
+def _last_value(run_dir: Path, metric: str) -> float:
+    with open(run_dir / "csv" / "metrics.csv") as f:
+        return [float(r[metric]) for r in csv.DictReader(f) if r.get(metric)][-1]
+
+
+def test_optuna_sweep_of_three_trials_reports_the_best_one(tmp_path, cache_dir):
+    sweep = tmp_path / "sweep"
+    result = train_cli(
+        "hparams_search=gpt_optuna",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.sampler.n_startup_trials=2",
+        *TINY_LM,
+        "test=false",
+        "sample=null",
+        f"paths.cache_dir={cache_dir}",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    trials = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [t.name for t in trials] == ["0", "1", "2"]  # one folder (and dashboard) per trial
+    losses = [_last_value(trial, "val/loss") for trial in trials]
+    report = OmegaConf.load(sweep / "optimization_results.yaml")
+    assert report.best_value == pytest.approx(min(losses), rel=1e-6)
+    best = trials[losses.index(min(losses))]
+    best_lr = OmegaConf.load(best / ".hydra" / "config.yaml").task.optimizer.lr
+    assert best_lr == pytest.approx(report.best_params["task.optimizer.lr"])

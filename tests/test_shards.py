@@ -115,7 +115,7 @@ def test_shard_datamodule_memory_stays_flat_when_the_corpus_grows_tenfold(tmp_pa
             [
                 f"data.shards_dir={shards}",
                 "data.corpus.source=path",
-                f"data.corpus.path={corpus}",
+                f"data.corpus.path={corpus / 'corpus.txt'}",
                 "data.vocab_size=1024",
                 "data.tokenizer_train_chars=2_000_000",
                 f"paths.cache_dir={tmp_path / 'cache'}",
