@@ -50,6 +50,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # three 2-process runs: ~40 s on 2 cores
 def test_two_torchrun_nodes_share_one_run_folder_and_train_as_one_node(tmp_path, cache_dir):
     overrides = [*DDP_RUN, f"paths.cache_dir={cache_dir}"]
     one_node = tmp_path / "one_node"
@@ -145,3 +146,24 @@ def test_optuna_sweep_of_three_trials_reports_the_best_one(tmp_path, cache_dir):
     best = trials[losses.index(min(losses))]
     best_lr = OmegaConf.load(best / ".hydra" / "config.yaml").task.optimizer.lr
     assert best_lr == pytest.approx(report.best_params["task.optimizer.lr"])
+
+
+@pytest.mark.slow  # two runs in parallel subprocesses: ~40 s on 2 cores
+def test_submitit_local_multirun_runs_each_job_in_its_own_folder(tmp_path, cache_dir):
+    sweep = tmp_path / "sweep"
+    result = train_cli(
+        "-m",
+        "hydra/launcher=submitit_local",
+        "seed=1,2",
+        *TINY_LM,
+        "test=false",
+        "sample=null",
+        f"paths.cache_dir={cache_dir}",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job, seed in (("0", 1), ("1", 2)):
+        assert OmegaConf.load(sweep / job / "config_resolved.yaml").seed == seed
+        assert _files(sweep / job) == _files(sweep / "0")  # a whole run in each folder
+        assert sorted(_losses(sweep / job)) == [0, 1, 2, 3]
+    assert _losses(sweep / "0") != _losses(sweep / "1")
