@@ -24,7 +24,11 @@ from lit_transformers.utils.config import (
     resolve_once,
 )
 from lit_transformers.utils.errors import report_user_errors
-from lit_transformers.utils.run_folder import keep_earlier_csv_logs, remove_if_only_config
+from lit_transformers.utils.run_folder import (
+    keep_earlier_csv_logs,
+    remove_if_only_config,
+    requeued_checkpoint,
+)
 from lit_transformers.utils.run_report import report_interruptions, run_summary
 
 log = logging.getLogger(__name__)
@@ -131,6 +135,8 @@ def main(cfg: DictConfig) -> float | None:
         with report_interruptions(), report_user_errors():
             check_required(cfg)
             check_types(cfg)
+            if cfg.ckpt_path is None:  # a requeued SLURM job continues where its earlier attempt stopped
+                cfg.ckpt_path = requeued_checkpoint(Path(HydraConfig.get().runtime.output_dir))
             if launched_here:
                 keep_earlier_csv_logs(cfg)
             cfg = resolve_once(cfg, save=job_rank_zero)

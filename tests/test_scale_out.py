@@ -16,7 +16,12 @@ from omegaconf import OmegaConf
 
 from lit_transformers.utils.cluster import job_id_or_now, launcher_rank, on_rank_zero
 from lit_transformers.utils.config import ConfigError
-from lit_transformers.utils.run_folder import is_job_log
+from lit_transformers.utils.run_folder import (
+    RunFolderTaken,
+    check_run_folder,
+    is_job_log,
+    requeued_checkpoint,
+)
 
 from conftest import REPO, TINY_LM, train_cli
 
@@ -167,3 +172,42 @@ def test_submitit_local_multirun_runs_each_job_in_its_own_folder(tmp_path, cache
         assert _files(sweep / job) == _files(sweep / "0")  # a whole run in each folder
         assert sorted(_losses(sweep / job)) == [0, 1, 2, 3]
     assert _losses(sweep / "0") != _losses(sweep / "1")
+
+
+def test_a_requeued_slurm_job_resumes_from_the_last_checkpoint_in_its_folder(tmp_path, monkeypatch):
+    run_dir = tmp_path / "runs" / "987"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"")
+    assert requeued_checkpoint(run_dir) is None  # the job's first attempt: a folder in use is someone else's
+    with pytest.raises(RunFolderTaken):
+        check_run_folder(run_dir, requeued_checkpoint(run_dir))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert requeued_checkpoint(run_dir) == str(run_dir / "checkpoints" / "last.ckpt")
+    check_run_folder(run_dir, requeued_checkpoint(run_dir))  # its own folder: continued, not refused
+
+
+@pytest.mark.slow  # two runs: ~20 s
+def test_a_requeued_slurm_job_continues_its_run(tmp_path, cache_dir):
+    slurm = {
+        **SLURM_TASK_2_OF_4,
+        "SLURM_NTASKS": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+    }
+    common = [
+        *TINY_LM,
+        "test=false",
+        "sample=null",
+        f"paths.cache_dir={cache_dir}",
+        f"paths.log_dir={tmp_path}",
+    ]
+    first = train_cli(*common, "trainer.max_steps=2", env=slurm)
+    assert first.returncode == 0, first.stderr[-3000:]
+    requeued = train_cli(*common, env={**slurm, "SLURM_RESTART_COUNT": "1"})
+    assert requeued.returncode == 0, requeued.stderr[-3000:]
+    run_dir = tmp_path / "train" / "runs" / "987"
+    assert sorted(_losses(run_dir)) == [0, 1]
+    with open(run_dir / "csv" / "resume_1" / "metrics.csv") as f:  # the requeued attempt: steps 2 and 3
+        assert sorted({int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss")}) == [2, 3]

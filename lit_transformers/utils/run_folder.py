@@ -6,6 +6,8 @@
   ``csv/resume_1/``, ``csv/resume_2/``, ...
 * A multirun refuses a non-empty sweep folder.
 * A run that fails before writing anything but its config removes its folder, so only runs look like runs.
+* A SLURM job that SLURM requeued (preempted, or stopped before its time limit) resumes from the ``last.ckpt`` its
+  earlier attempt left in its folder, which it finds again because the folder is named by the job id.
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ def is_job_log(relative_path: str) -> bool:
     return "/" not in relative_path and relative_path.endswith(".log")
 
 
+def requeued_checkpoint(run_dir: Path) -> str | None:
+    """In a requeued SLURM job (``SLURM_RESTART_COUNT`` > 0), the ``last.ckpt`` of its earlier attempt, if any."""
+    last = run_dir / "checkpoints" / "last.ckpt"
+    return str(last) if int(os.environ.get("SLURM_RESTART_COUNT", 0)) > 0 and last.is_file() else None
+
+
 def check_run_folder(run_dir: Path, ckpt_path: str | None) -> None:
     # job logs alone do not make a run: the other ranks of a torchrun/SLURM job may open theirs before rank 0 checks
     if not run_dir.is_dir() or all(is_job_log(p.name) and p.is_file() for p in run_dir.iterdir()):
@@ -73,7 +81,8 @@ class RunFolderGuard(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if RESOLVED_CONFIG_ENV in os.environ or launcher_rank() != 0:
             return  # a DDP rank joining the run folder of its Lightning parent, or of rank 0 of its torchrun/SLURM job
-        _exit_if_taken(check_run_folder, Path(config.hydra.run.dir), config.get("ckpt_path"))
+        run_dir = Path(config.hydra.run.dir)
+        _exit_if_taken(check_run_folder, run_dir, config.get("ckpt_path") or requeued_checkpoint(run_dir))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _exit_if_taken(check_sweep_folder, Path(config.hydra.sweep.dir))
