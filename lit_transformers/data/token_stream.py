@@ -3,13 +3,16 @@ memory for small corpora, or written once to token shards on disk (``lit-prepare
 memory.
 
 On disk: per split, raw token files ``<split>-<k>.bin`` (numpy ``uint16`` when the vocabulary fits, else
-``uint32``) read through ``numpy.memmap``; ``index.json`` lists them with their token counts, beside the
-``tokenizer.json`` that wrote them. It is the layout of nanoGPT's ``train.bin`` and Megatron-LM's indexed datasets.
+``uint32``); ``index.json`` lists them with their token counts, beside the ``tokenizer.json`` that wrote them. It is
+the layout of nanoGPT's ``train.bin`` and Megatron-LM's indexed datasets (``numpy.memmap`` reads any of them). Windows
+are read with one positioned read (``os.pread``) each, not through a memmap: a memmap's pages count in the process's
+resident memory once touched, and the kernel maps tens of KB around each page fault, so random windows over a large
+corpus would grow the resident set with the corpus; pread'd pages stay in the page cache, shared and reclaimable.
 
 Why not litdata's ``optimize`` + ``TokensLoader`` (litdata installs here): its ``StreamingDataset`` is an iterable
 dataset that shuffles, splits the data across ranks and workers and resumes through its own state, while training
 here resumes exactly through torchdata's ``StatefulDataLoader`` and our ``ResumableSampler`` (``data/loaders.py``),
-which need a map-style dataset. Windows over memory-mapped shards are one: the sampler gives each DDP rank a disjoint
+which need a map-style dataset. Windows over the shards are one: the sampler gives each DDP rank a disjoint
 part of every epoch, dataloader workers split a rank's batches, and resuming is the sampler's position, exactly as for
 the in-memory windows. litdata would also add boto3, torchvision and obstore to a project that reads local files.
 """
@@ -55,24 +58,29 @@ class ShardedTokens:
     def __init__(self, files: list[Path], counts: list[int], dtype: str):
         self.files, self.dtype = files, dtype
         self.starts = [0, *np.cumsum(counts).tolist()]  # offset of each shard in the stream, then its length
-        self._maps: list[np.memmap] | None = None
+        self.itemsize = np.dtype(dtype).itemsize
+        self._files: list[int] | None = None  # descriptors, opened by the process that reads
 
     def __len__(self) -> int:
         return self.starts[-1]
 
     def __getstate__(self) -> dict:
-        # dataloader workers map the files themselves: a pickled memmap would be a copy of the whole shard
-        return {**self.__dict__, "_maps": None}
+        return {**self.__dict__, "_files": None}  # dataloader workers open the files themselves
+
+    def __del__(self) -> None:
+        for fd in getattr(self, "_files", None) or []:
+            os.close(fd)
 
     def __getitem__(self, window: slice) -> torch.Tensor:
-        if self._maps is None:
-            self._maps = [np.memmap(f, dtype=self.dtype, mode="r") for f in self.files]
+        if self._files is None:
+            self._files = [os.open(f, os.O_RDONLY) for f in self.files]
         start, stop = max(window.start or 0, 0), min(window.stop, len(self))
         shard = bisect.bisect_right(self.starts, start) - 1
         pieces = []
         while start < stop:
             offset, end = start - self.starts[shard], min(stop, self.starts[shard + 1])
-            pieces.append(self._maps[shard][offset : offset + end - start])
+            data = os.pread(self._files[shard], (end - start) * self.itemsize, offset * self.itemsize)
+            pieces.append(np.frombuffer(data, dtype=self.dtype))
             start, shard = end, shard + 1
         return torch.from_numpy(np.concatenate(pieces).astype(np.int64))
 
