@@ -12,7 +12,7 @@ import pytest
 import torch
 from hydra.core.global_hydra import GlobalHydra
 
-from lit_transformers.data import CausalLMDataModule, token_stream
+from lit_transformers.data import CausalLMDataModule, CorpusSpec, load_documents, token_stream
 from lit_transformers.data.loaders import ResumableSampler, make_loader
 from lit_transformers.prepare import prepare
 
@@ -22,15 +22,19 @@ from test_resume import _assert_same_training, _train_in
 SMALL_SHARDS = 20_000
 
 
-@pytest.fixture(scope="module")
-def pydoc_shards(tmp_path_factory) -> Path:
-    """CPython's docs (the default corpus) as shards, with the tiny LMs' vocabulary, written by 2 workers."""
-    shards, cache = tmp_path_factory.mktemp("shards"), tmp_path_factory.mktemp("shard_cache")
+def _prepare(shards: Path, cache: Path, *overrides: str) -> Path:
+    """lit-prepare with the tiny LMs' vocabulary, 2 workers, and small shards."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(token_stream, "SHARD_CHARS", SMALL_SHARDS)
         GlobalHydra.instance().clear()
-        prepare([f"data.shards_dir={shards}", "data.vocab_size=300", f"paths.cache_dir={cache}"])
+        prepare([f"data.shards_dir={shards}", "data.vocab_size=300", f"paths.cache_dir={cache}", *overrides])
     return shards
+
+
+@pytest.fixture(scope="module")
+def pydoc_shards(tmp_path_factory) -> Path:
+    """CPython's docs (the default corpus, loaded whole) as shards."""
+    return _prepare(tmp_path_factory.mktemp("shards"), tmp_path_factory.mktemp("shard_cache"))
 
 
 def _datamodule(**settings) -> CausalLMDataModule:
@@ -39,12 +43,26 @@ def _datamodule(**settings) -> CausalLMDataModule:
     return datamodule
 
 
-def test_shards_give_the_windows_of_the_in_memory_path(pydoc_shards, tmp_path):
-    index = json.loads((pydoc_shards / "index.json").read_text())
+@pytest.mark.parametrize("source", ["pydoc", "folder"])
+def test_shards_give_the_windows_and_tokenizer_of_the_in_memory_path(source, pydoc_shards, tmp_path):
+    if source == "pydoc":
+        corpus, shards = {}, pydoc_shards
+    else:  # a folder of files, which the workers read themselves
+        folder = tmp_path / "corpus"
+        folder.mkdir()
+        for name, text in load_documents(CorpusSpec()):
+            (folder / f"{name}.txt").write_text(text, encoding="utf-8")
+        corpus = {"source": "path", "path": str(folder)}
+        shards = _prepare(
+            tmp_path / "shards", tmp_path / "cache", "data.corpus.source=path", f"data.corpus.path={folder}"
+        )
+    index = json.loads((shards / "index.json").read_text())
     assert len(index["splits"]["train"]) > 5 and index["dtype"] == "uint16"
-    in_memory = _datamodule(tokenizer_path=str(pydoc_shards / "tokenizer.json"), cache_dir=str(tmp_path))
-    sharded = _datamodule(shards_dir=str(pydoc_shards))
-    assert sharded.tokenizer == in_memory.tokenizer
+    in_memory = _datamodule(corpus=corpus, cache_dir=str(tmp_path / "in_memory_cache"))
+    sharded = _datamodule(corpus=corpus, shards_dir=str(shards))
+    assert (
+        sharded.tokenizer == in_memory.tokenizer
+    )  # trained on the same sample, once in memory, once from files
     for split in ("train", "val", "test"):
         expected, got = in_memory.datasets[split], sharded.datasets[split]
         assert len(got) == len(expected) > 0
@@ -102,20 +120,19 @@ PEAK_RSS = textwrap.dedent(
 def test_shard_datamodule_memory_stays_flat_when_the_corpus_grows_tenfold(tmp_path):
     paragraph = (Path(token_stream.__file__).read_text() + "\n\n") * 4  # ~30 KB of prose and code
     peak_mb = {}
-    for copies in (700, 7000):  # ~21 MB and ~210 MB of text
+    for copies in (700, 7000):  # ~21 MB and ~210 MB of text, one file per part
         corpus = tmp_path / f"corpus_{copies}"
         corpus.mkdir()
-        with open(corpus / "corpus.txt", "w") as f:
-            for i in range(copies):
-                f.write(f"Part {i}.\n\n{paragraph}")
-        assert corpus.joinpath("corpus.txt").stat().st_size > copies * 25_000
+        for i in range(copies):
+            (corpus / f"part_{i:05d}.txt").write_text(f"Part {i}.\n\n{paragraph}")
+        assert sum(f.stat().st_size for f in corpus.iterdir()) > copies * 25_000
         shards = tmp_path / f"shards_{copies}"
         GlobalHydra.instance().clear()
         prepare(
             [
                 f"data.shards_dir={shards}",
                 "data.corpus.source=path",
-                f"data.corpus.path={corpus / 'corpus.txt'}",
+                f"data.corpus.path={corpus}",
                 "data.vocab_size=1024",
                 "data.tokenizer_train_chars=2_000_000",
                 f"paths.cache_dir={tmp_path / 'cache'}",

@@ -8,17 +8,26 @@ from __future__ import annotations
 
 import logging
 import os
-from functools import cached_property
+from collections.abc import Iterable
+from functools import cached_property, partial
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 
 from lit_transformers.data.checks import check_batch_size
-from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents, split_documents
+from lit_transformers.data.corpus import (
+    CorpusSpec,
+    fingerprint,
+    folder_document_ids,
+    folder_document_size,
+    load_documents,
+    read_folder_document,
+    split_documents,
+)
 from lit_transformers.data.loaders import CollatedSplits
 from lit_transformers.data.token_stream import ShardedTokens, document_tokens, read_shards, write_shards
-from lit_transformers.text import Tokenizer
+from lit_transformers.text import Tokenizer, split_by_fractions
 
 log = logging.getLogger(__name__)
 
@@ -78,21 +87,24 @@ class CausalLMDataModule(CollatedSplits):
         h = self.hparams
         return split_documents(load_documents(self.corpus), h.val_fraction, h.test_fraction, h.seed)
 
-    def load_tokenizer(self) -> Tokenizer:
+    def load_tokenizer(self, train_texts: Iterable[str] | None = None) -> Tokenizer:
         """``tokenizer_path`` (a tokenizer.json, or a parent checkpoint's tokenizer), else the one trained on
-        the first ``tokenizer_train_chars`` characters of the training split and cached under ``cache_dir``."""
+        the first ``tokenizer_train_chars`` characters of the training split (``train_texts``, by default read
+        from ``splits``) and cached under ``cache_dir``."""
         h = self.hparams
         if h.tokenizer_path:
             return Tokenizer.from_file(h.tokenizer_path)
+        if train_texts is None:
+            train_texts = (text for _, text in self.splits["train"])
         return Tokenizer.load_or_train(
-            self.tokenizer_cache, self._tokenizer_sample, h.tokenizer, h.vocab_size
+            self.tokenizer_cache, lambda: self._tokenizer_sample(train_texts), h.tokenizer, h.vocab_size
         )
 
-    def _tokenizer_sample(self) -> list[str]:
+    def _tokenizer_sample(self, texts: Iterable[str]) -> list[str]:
         """Training documents up to ``tokenizer_train_chars`` characters: a BPE learns its merges from a sample
         as well as from the whole of a large corpus, at a bounded cost in time and memory."""
         sample, chars = [], 0
-        for _, text in self.splits["train"]:
+        for text in texts:
             if chars >= self.hparams.tokenizer_train_chars:
                 break
             sample.append(text)
@@ -112,8 +124,17 @@ class CausalLMDataModule(CollatedSplits):
                 "lit-prepare writes token shards into data.shards_dir; set data.shards_dir=<folder>"
             )
         settings = {key: h[key] for key in ("val_fraction", "test_fraction", "seed")}
-        texts = {name: [text for _, text in docs] for name, docs in self.splits.items()}
-        return write_shards(texts, self.load_tokenizer(), h.shards_dir, h.prepare_workers, settings)
+        ids = folder_document_ids(self.corpus)
+        if ids is None:  # a corpus loaded whole: a document is its text
+            documents = {name: [text for _, text in docs] for name, docs in self.splits.items()}
+            read, size = str, len
+        else:  # a folder: a document is a file, read by the workers (the split needs only the ids)
+            parts = split_by_fractions(ids, h.val_fraction, h.test_fraction, h.seed, "documents")
+            documents = {name: [ids[i] for i in idx] for name, idx in parts.items()}
+            read = partial(read_folder_document, self.corpus)
+            size = partial(folder_document_size, self.corpus)
+        tokenizer = self.load_tokenizer(map(read, documents["train"]))
+        return write_shards(documents, read, size, tokenizer, h.shards_dir, h.prepare_workers, settings)
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:

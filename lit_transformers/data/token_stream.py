@@ -24,8 +24,9 @@ import json
 import logging
 import multiprocessing
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -103,43 +104,47 @@ def read_shards(shards_dir: str | Path) -> tuple[dict[str, ShardedTokens], Token
     return streams, Tokenizer.from_file(root / TOKENIZER), index["settings"]
 
 
-_worker_tokenizer: Tokenizer | None = None
+_worker: dict = {}  # what each worker process reads and tokenizes with
 
 
-def _start_worker(tokenizer_state: dict) -> None:
-    global _worker_tokenizer
-    _worker_tokenizer = Tokenizer.from_state(tokenizer_state)
+def _start_worker(tokenizer_state: dict, read: Callable[[Any], str]) -> None:
+    _worker.update(tokenizer=Tokenizer.from_state(tokenizer_state), read=read)
 
 
-def _write_shard(task: tuple[Path, list[str], str]) -> int:
-    path, texts, dtype = task
-    tokens = np.asarray(document_tokens(_worker_tokenizer, texts), dtype=dtype)
+def _write_shard(task: tuple[Path, list, str]) -> int:
+    path, documents, dtype = task
+    texts = [_worker["read"](document) for document in documents]
+    tokens = np.asarray(document_tokens(_worker["tokenizer"], texts), dtype=dtype)
     tokens.tofile(path)
     return len(tokens)
 
 
-def _shard_texts(texts: Sequence[str]):
-    """Consecutive runs of documents of about SHARD_CHARS characters each."""
-    run, chars = [], 0
-    for text in texts:
-        run.append(text)
-        chars += len(text)
-        if chars >= SHARD_CHARS:
+def _runs(documents: Sequence, size: Callable[[Any], int]):
+    """Consecutive runs of documents of about SHARD_CHARS characters (or bytes) each."""
+    run, total = [], 0
+    for document in documents:
+        run.append(document)
+        total += size(document)
+        if total >= SHARD_CHARS:
             yield run
-            run, chars = [], 0
+            run, total = [], 0
     if run:
         yield run
 
 
 def write_shards(
-    splits: dict[str, Sequence[str]],
+    documents: dict[str, Sequence],
+    read: Callable[[Any], str],
+    size: Callable[[Any], int],
     tokenizer: Tokenizer,
     shards_dir: str | Path,
     workers: int,
     settings: dict,
 ) -> dict:
     """Tokenize each split's documents (in order) into shards, in ``workers`` processes (0: in this one), and write
-    the index last, so an interrupted prepare leaves no index that training would trust."""
+    the index last, so an interrupted prepare leaves no index that training would trust. A document is its text
+    (``read=str``, ``size=len``), or a reference that ``read`` turns into text in the worker (a file of a folder
+    corpus), so that the main process never holds the corpus."""
     root = Path(shards_dir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     (root / INDEX).unlink(missing_ok=True)
@@ -147,19 +152,19 @@ def write_shards(
     dtype = token_dtype(tokenizer.vocab_size)
     shards = [
         (split, f"{split}-{k:05d}.bin", run)
-        for split, texts in splits.items()
-        for k, run in enumerate(_shard_texts(texts))
+        for split, docs in documents.items()
+        for k, run in enumerate(_runs(docs, size))
     ]
     tasks = [(root / name, run, dtype) for _, name, run in shards]
     if workers > 0:
         # one thread per worker process: the workers are the parallelism (and tokenizers warns after a fork)
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        with multiprocessing.Pool(workers, _start_worker, (tokenizer.state(),)) as pool:
+        with multiprocessing.Pool(workers, _start_worker, (tokenizer.state(), read)) as pool:
             counts = pool.map(_write_shard, tasks, chunksize=1)
     else:
-        _start_worker(tokenizer.state())
+        _start_worker(tokenizer.state(), read)
         counts = [_write_shard(task) for task in tasks]
-    index = {"dtype": dtype, "settings": settings, "splits": {split: [] for split in splits}}
+    index = {"dtype": dtype, "settings": settings, "splits": {split: [] for split in documents}}
     for (split, name, _), count in zip(shards, counts):
         index["splits"][split].append({"file": name, "tokens": count})
     tmp = root / f"{INDEX}.tmp"
