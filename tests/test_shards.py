@@ -18,14 +18,15 @@ from lit_transformers.prepare import prepare
 
 from test_resume import _assert_same_training, _train_in
 
-# several shards per split, so that windows span shard boundaries
-SMALL_SHARDS = 20_000
+# several shards per split, so that windows span shard boundaries, each encoded in several parts
+SMALL_SHARDS, SMALL_PARTS = 20_000, 5_000
 
 
 def _prepare(shards: Path, cache: Path, *overrides: str) -> Path:
-    """lit-prepare with the tiny LMs' vocabulary, 2 workers, and small shards."""
+    """lit-prepare with the tiny LMs' vocabulary, 2 workers, and small shards encoded in small parts."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(token_stream, "SHARD_CHARS", SMALL_SHARDS)
+        patch.setattr(token_stream, "ENCODE_CHARS", SMALL_PARTS)
         GlobalHydra.instance().clear()
         prepare([f"data.shards_dir={shards}", "data.vocab_size=300", f"paths.cache_dir={cache}", *overrides])
     return shards

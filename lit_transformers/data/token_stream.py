@@ -24,7 +24,7 @@ import json
 import logging
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,11 @@ log = logging.getLogger(__name__)
 
 INDEX = "index.json"
 TOKENIZER = "tokenizer.json"
-# the text one worker tokenizes into one shard: large enough to amortise a task, small enough that every worker
-# stays busy and holds little of the corpus at a time
-SHARD_CHARS = 32_000_000
+# the text one worker turns into one shard: large enough to amortise a task, small enough to share the corpus evenly
+# among the workers
+SHARD_CHARS = 8_000_000
+# the text encoded at once: tokenizers' encodings take ~100 bytes per token, so a worker encodes a shard in parts
+ENCODE_CHARS = 1_000_000
 
 
 def document_tokens(tokenizer: Tokenizer, texts: Sequence[str]) -> list[int]:
@@ -60,27 +62,28 @@ class ShardedTokens:
         self.files, self.dtype = files, dtype
         self.starts = [0, *np.cumsum(counts).tolist()]  # offset of each shard in the stream, then its length
         self.itemsize = np.dtype(dtype).itemsize
-        self._files: list[int] | None = None  # descriptors, opened by the process that reads
+        # opened by the first read; pread moves no file position, so forked dataloader workers may share them
+        self._descriptors: list[int] | None = None
 
     def __len__(self) -> int:
         return self.starts[-1]
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_files": None}  # dataloader workers open the files themselves
+        return {**self.__dict__, "_descriptors": None}  # spawned dataloader workers open the files themselves
 
     def __del__(self) -> None:
-        for fd in getattr(self, "_files", None) or []:
-            os.close(fd)
+        for descriptor in getattr(self, "_descriptors", None) or []:
+            os.close(descriptor)
 
     def __getitem__(self, window: slice) -> torch.Tensor:
-        if self._files is None:
-            self._files = [os.open(f, os.O_RDONLY) for f in self.files]
+        if self._descriptors is None:
+            self._descriptors = [os.open(f, os.O_RDONLY) for f in self.files]
         start, stop = max(window.start or 0, 0), min(window.stop, len(self))
         shard = bisect.bisect_right(self.starts, start) - 1
         pieces = []
         while start < stop:
             offset, end = start - self.starts[shard], min(stop, self.starts[shard + 1])
-            data = os.pread(self._files[shard], (end - start) * self.itemsize, offset * self.itemsize)
+            data = os.pread(self._descriptors[shard], (end - start) * self.itemsize, offset * self.itemsize)
             pieces.append(np.frombuffer(data, dtype=self.dtype))
             start, shard = end, shard + 1
         return torch.from_numpy(np.concatenate(pieces).astype(np.int64))
@@ -113,19 +116,23 @@ def _start_worker(tokenizer_state: dict, read: Callable[[Any], str]) -> None:
 
 def _write_shard(task: tuple[Path, list, str]) -> int:
     path, documents, dtype = task
-    texts = [_worker["read"](document) for document in documents]
-    tokens = np.asarray(document_tokens(_worker["tokenizer"], texts), dtype=dtype)
-    tokens.tofile(path)
-    return len(tokens)
+    texts = (_worker["read"](document) for document in documents)
+    count = 0
+    with open(path, "wb") as shard:
+        for part in _runs(texts, len, ENCODE_CHARS):
+            tokens = np.asarray(document_tokens(_worker["tokenizer"], part), dtype=dtype)
+            tokens.tofile(shard)
+            count += len(tokens)
+    return count
 
 
-def _runs(documents: Sequence, size: Callable[[Any], int]):
-    """Consecutive runs of documents of about SHARD_CHARS characters (or bytes) each."""
+def _runs(documents: Iterable, size: Callable[[Any], int], limit: int) -> Iterator[list]:
+    """Consecutive runs of documents of about ``limit`` characters (or bytes, as ``size`` measures) each."""
     run, total = [], 0
     for document in documents:
         run.append(document)
         total += size(document)
-        if total >= SHARD_CHARS:
+        if total >= limit:
             yield run
             run, total = [], 0
     if run:
@@ -153,7 +160,7 @@ def write_shards(
     shards = [
         (split, f"{split}-{k:05d}.bin", run)
         for split, docs in documents.items()
-        for k, run in enumerate(_runs(docs, size))
+        for k, run in enumerate(_runs(docs, size, SHARD_CHARS))
     ]
     tasks = [(root / name, run, dtype) for _, name, run in shards]
     if workers > 0:
