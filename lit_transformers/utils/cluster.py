@@ -47,6 +47,12 @@ def launcher_rank() -> int:
     return 0
 
 
+def slurm_requeued() -> bool:
+    """Whether SLURM requeued this job (preempted, or requeued before its time limit): it then runs again, with the
+    same job id, so in the same run folder."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", 0)) > 0
+
+
 def job_id_or_now(time_format: str) -> str:
     """``${job_id_or_now:%Y-%m-%d_%H-%M-%S}``: the launcher's job id, else the time (Hydra's ``${now:...}``)."""
     return launcher_job_id() or datetime.now().strftime(time_format)

@@ -22,7 +22,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from lit_transformers.utils.cluster import launcher_rank
+from lit_transformers.utils.cluster import launcher_rank, slurm_requeued
 from lit_transformers.utils.config import RESOLVED_CONFIG_ENV, ConfigError
 
 # what a run writes before it has trained or evaluated anything (Hydra also writes <job name>.log)
@@ -46,9 +46,9 @@ def is_job_log(relative_path: str) -> bool:
 
 
 def requeued_checkpoint(run_dir: Path) -> str | None:
-    """In a requeued SLURM job (``SLURM_RESTART_COUNT`` > 0), the ``last.ckpt`` of its earlier attempt, if any."""
+    """In a requeued SLURM job, the ``last.ckpt`` of its earlier attempt, if any."""
     last = run_dir / "checkpoints" / "last.ckpt"
-    return str(last) if int(os.environ.get("SLURM_RESTART_COUNT", 0)) > 0 and last.is_file() else None
+    return str(last) if slurm_requeued() and last.is_file() else None
 
 
 def check_run_folder(run_dir: Path, ckpt_path: str | None) -> None:
@@ -81,8 +81,9 @@ class RunFolderGuard(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if RESOLVED_CONFIG_ENV in os.environ or launcher_rank() != 0:
             return  # a DDP rank joining the run folder of its Lightning parent, or of rank 0 of its torchrun/SLURM job
-        run_dir = Path(config.hydra.run.dir)
-        _exit_if_taken(check_run_folder, run_dir, config.get("ckpt_path") or requeued_checkpoint(run_dir))
+        if slurm_requeued():
+            return  # the job's own folder, from its earlier attempt (with a last.ckpt to resume, or started over)
+        _exit_if_taken(check_run_folder, Path(config.hydra.run.dir), config.get("ckpt_path"))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _exit_if_taken(check_sweep_folder, Path(config.hydra.sweep.dir))
