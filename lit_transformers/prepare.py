@@ -8,7 +8,7 @@ import sys
 import time
 
 from hydra import compose, initialize_config_module
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
 from lit_transformers.data import CausalLMDataModule
@@ -24,12 +24,12 @@ def prepare(overrides: list[str]) -> dict:
     cfg.paths.output_dir = None  # no run folder: prepare writes only the shards
     check_required(cfg)
     check_types(cfg)
-    datamodule = instantiate(cfg.data, _convert_="all")
-    if not isinstance(datamodule, CausalLMDataModule):
+    if not issubclass(get_class(cfg.data._target_), CausalLMDataModule):  # before it loads any data
         raise ConfigError(
-            f"lit-prepare writes causal-LM token shards; data={cfg.data._target_} is not LM data"
+            f"lit-prepare writes causal-LM token shards, and data._target_={cfg.data._target_} is not LM data; "
+            "choose LM data (data=lm, or an experiment on it)"
         )
-    return datamodule.write_shards()
+    return instantiate(cfg.data, _convert_="all").write_shards()
 
 
 def main() -> None:

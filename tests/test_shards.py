@@ -15,6 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from lit_transformers.data import CausalLMDataModule, CorpusSpec, load_documents, token_stream
 from lit_transformers.data.loaders import ResumableSampler, make_loader
 from lit_transformers.prepare import prepare
+from lit_transformers.utils.config import ConfigError
 
 from test_resume import _assert_same_training, _train_in
 
@@ -82,6 +83,14 @@ def test_each_rank_reads_a_disjoint_part_of_every_epoch_and_workers_read_the_sam
         for workers in (0, 2)
     )
     assert all(torch.equal(a, b) for a, b in zip(in_process, in_workers, strict=True))
+
+
+def test_prepare_names_what_it_needs():
+    GlobalHydra.instance().clear()
+    with pytest.raises(ValueError, match="set data.shards_dir="):
+        prepare([])
+    with pytest.raises(ConfigError, match="not LM data"):
+        prepare(["experiment=vit"])
 
 
 def test_missing_shards_name_the_prepare_command(tmp_path):
