@@ -14,6 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from lit_transformers.utils.checkpoints import check_task_fits, read_checkpoint
+from lit_transformers.utils.cluster import launcher_rank
 from lit_transformers.utils.config import (
     RESOLVED_CONFIG_ENV,
     ConfigError,
@@ -23,7 +24,11 @@ from lit_transformers.utils.config import (
     resolve_once,
 )
 from lit_transformers.utils.errors import report_user_errors
-from lit_transformers.utils.run_folder import keep_earlier_csv_logs, remove_if_only_config
+from lit_transformers.utils.run_folder import (
+    keep_earlier_csv_logs,
+    remove_if_only_config,
+    requeued_checkpoint,
+)
 from lit_transformers.utils.run_report import report_interruptions, run_summary
 
 log = logging.getLogger(__name__)
@@ -123,14 +128,18 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
 @hydra.main(version_base="1.3", config_path="pkg://lit_transformers.conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    launched_here = RESOLVED_CONFIG_ENV not in os.environ
+    # torchrun and SLURM start every rank, and their rank 0 owns the run folder; Lightning's DDP children inherit it
+    job_rank_zero = launcher_rank() == 0
+    launched_here = RESOLVED_CONFIG_ENV not in os.environ and job_rank_zero
     try:
         with report_interruptions(), report_user_errors():
             check_required(cfg)
             check_types(cfg)
+            if cfg.ckpt_path is None:  # a requeued SLURM job continues where its earlier attempt stopped
+                cfg.ckpt_path = requeued_checkpoint(Path(HydraConfig.get().runtime.output_dir))
             if launched_here:
                 keep_earlier_csv_logs(cfg)
-            cfg = resolve_once(cfg)
+            cfg = resolve_once(cfg, save=job_rank_zero)
             return optimized_value(cfg, train(cfg))
     except BaseException:
         if launched_here:  # a run that failed before producing anything leaves no folder behind

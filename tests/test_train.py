@@ -246,7 +246,7 @@ def test_multirun_gives_each_job_its_own_config_and_wandb_run(tmp_path):
     assert all(len(list((job / "wandb").glob("offline-run-*"))) == 1 for job in jobs)
 
 
-@pytest.mark.parametrize("trainer", ["default", "cpu", "gpu", "ddp", "ddp_cpu", "fsdp"])
+@pytest.mark.parametrize("trainer", ["default", "cpu", "gpu", "ddp", "ddp_cpu", "fsdp", "slurm"])
 def test_every_trainer_config_builds_its_strategy(compose_cfg, trainer):
     cfg = compose_cfg(f"trainer={trainer}")
     strategy = cfg.trainer.get("strategy")

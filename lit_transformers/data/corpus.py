@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,17 @@ def load_documents(spec: CorpusSpec) -> list[Document]:
 
 
 def _documents_from_path(path: str | None, encoding: str) -> list[Document]:
+    root = _corpus_path(path, encoding)
+    if root.is_dir():
+        return list(_folder_documents(root, encoding))
+    # one file: its blank-line separated paragraphs are the documents of the split
+    text = _read_text(root, encoding)
+    paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+    return [(f"{root.name}:{i}", p + "\n\n") for i, p in enumerate(paragraphs)]
+
+
+def _corpus_path(path: str | None, encoding: str) -> Path:
+    """The file or folder of a ``source=path`` corpus, once its encoding is known to exist."""
     if not path:
         raise ValueError("data.corpus.source=path needs data.corpus.path=<file.txt or folder of .txt files>")
     try:
@@ -62,19 +74,41 @@ def _documents_from_path(path: str | None, encoding: str) -> list[Document]:
             f"Unknown data.corpus.encoding={encoding!r}; set it to a Python codec name such as utf-8 or latin-1"
         ) from err
     root = Path(path).expanduser()
-    if root.is_dir():
-        files = sorted(root.rglob("*.txt"))
-        if not files:
-            raise FileNotFoundError(
-                f"No .txt files under {root}; set data.corpus.path to a folder with .txt files"
-            )
-        return [(str(f.relative_to(root)), _read_text(f, encoding)) for f in files]
-    if root.is_file():
-        # one file: its blank-line separated paragraphs are the documents of the split
-        text = _read_text(root, encoding)
-        paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
-        return [(f"{root.name}:{i}", p + "\n\n") for i, p in enumerate(paragraphs)]
-    raise FileNotFoundError(f"Data file {root} not found; set data.corpus.path=<file.txt or folder>")
+    if not root.exists():
+        raise FileNotFoundError(f"Data file {root} not found; set data.corpus.path=<file.txt or folder>")
+    return root
+
+
+def _folder_documents(root: Path, encoding: str) -> Iterator[Document]:
+    """One document per .txt file of the folder, read one at a time."""
+    files = sorted(root.rglob("*.txt"))
+    if not files:
+        raise FileNotFoundError(
+            f"No .txt files under {root}; set data.corpus.path to a folder with .txt files"
+        )
+    for file in files:
+        yield str(file.relative_to(root)), _read_text(file, encoding)
+
+
+def folder_document_ids(spec: CorpusSpec) -> list[str] | None:
+    """The ids of a folder corpus's documents (as ``load_documents`` keeps them), reading one file at a time: with
+    them ``lit-prepare``'s workers read the files themselves, and the corpus is never in memory at once. None for
+    the other kinds of corpus, which are loaded whole."""
+    if spec.source != "path" or not spec.path or not Path(spec.path).expanduser().is_dir():
+        return None
+    return [
+        doc_id
+        for doc_id, text in _folder_documents(_corpus_path(spec.path, spec.encoding), spec.encoding)
+        if text.strip()
+    ]
+
+
+def read_folder_document(spec: CorpusSpec, doc_id: str) -> str:
+    return _read_text(Path(spec.path).expanduser() / doc_id, spec.encoding)
+
+
+def folder_document_size(spec: CorpusSpec, doc_id: str) -> int:
+    return (Path(spec.path).expanduser() / doc_id).stat().st_size
 
 
 def _read_text(file: Path, encoding: str) -> str:

@@ -1,27 +1,42 @@
-"""Causal-LM data: corpus -> tokenizer (trained once and cached, or given) -> token stream -> windows."""
+"""Causal-LM data: corpus -> tokenizer (trained once and cached, or given) -> token stream -> windows.
+
+The token stream is built in memory by default; with ``shards_dir`` it is read from token shards that
+``lit-prepare`` wrote (``data/token_stream.py``), so corpora larger than memory train with constant memory.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-from functools import cached_property
+from collections.abc import Iterable
+from functools import cached_property, partial
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
 
 from lit_transformers.data.checks import check_batch_size
-from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents, split_documents
+from lit_transformers.data.corpus import (
+    CorpusSpec,
+    fingerprint,
+    folder_document_ids,
+    folder_document_size,
+    load_documents,
+    read_folder_document,
+    split_documents,
+)
 from lit_transformers.data.loaders import CollatedSplits
-from lit_transformers.text import Tokenizer
+from lit_transformers.data.token_stream import ShardedTokens, document_tokens, read_shards, write_shards
+from lit_transformers.text import Tokenizer, split_by_fractions
 
 log = logging.getLogger(__name__)
 
 
 class TokenWindows(Dataset):
-    """Non-overlapping windows of block_size + 1 tokens: inputs and next-token labels (B, T) each."""
+    """Non-overlapping windows of block_size + 1 tokens: inputs and next-token labels (B, T) each. ``tokens`` is a
+    tensor, or the ``ShardedTokens`` of a split on disk."""
 
-    def __init__(self, tokens: torch.Tensor, block_size: int):
+    def __init__(self, tokens: torch.Tensor | ShardedTokens, block_size: int):
         self.tokens, self.block_size = tokens, block_size
 
     def __len__(self) -> int:
@@ -46,6 +61,9 @@ class CausalLMDataModule(CollatedSplits):
         num_workers: int = 0,
         seed: int = 0,
         cache_dir: str = "~/.cache/lit_transformers",
+        tokenizer_train_chars: int = 100_000_000,
+        shards_dir: str | None = None,
+        prepare_workers: int = 2,
     ):
         super().__init__()
         check_batch_size(batch_size)
@@ -57,7 +75,10 @@ class CausalLMDataModule(CollatedSplits):
     @cached_property
     def tokenizer_cache(self) -> Path:  # cached: the fingerprint stats every file of a path corpus
         h = self.hparams
-        key = f"{fingerprint(self.corpus)}-{h.tokenizer}-{h.vocab_size}-{h.val_fraction}-{h.test_fraction}-{h.seed}"
+        key = (
+            f"{fingerprint(self.corpus)}-{h.tokenizer}-{h.vocab_size}-{h.val_fraction}-{h.test_fraction}-{h.seed}"
+            f"-{h.tokenizer_train_chars}"
+        )
         return Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / f"{key}.json"
 
     @cached_property
@@ -66,41 +87,95 @@ class CausalLMDataModule(CollatedSplits):
         h = self.hparams
         return split_documents(load_documents(self.corpus), h.val_fraction, h.test_fraction, h.seed)
 
-    def load_tokenizer(self) -> Tokenizer:
+    def load_tokenizer(self, train_texts: Iterable[str] | None = None) -> Tokenizer:
         """``tokenizer_path`` (a tokenizer.json, or a parent checkpoint's tokenizer), else the one trained on
-        the training split and cached under ``cache_dir``."""
+        the first ``tokenizer_train_chars`` characters of the training split (``train_texts``, by default read
+        from ``splits``) and cached under ``cache_dir``."""
         h = self.hparams
         if h.tokenizer_path:
             return Tokenizer.from_file(h.tokenizer_path)
+        if train_texts is None:
+            train_texts = (text for _, text in self.splits["train"])
         return Tokenizer.load_or_train(
-            self.tokenizer_cache,
-            lambda: [text for _, text in self.splits["train"]],
-            h.tokenizer,
-            h.vocab_size,
+            self.tokenizer_cache, lambda: self._tokenizer_sample(train_texts), h.tokenizer, h.vocab_size
         )
 
+    def _tokenizer_sample(self, texts: Iterable[str]) -> list[str]:
+        """Training documents up to ``tokenizer_train_chars`` characters: a BPE learns its merges from a sample
+        as well as from the whole of a large corpus, at a bounded cost in time and memory."""
+        sample, chars = [], 0
+        for text in texts:
+            if chars >= self.hparams.tokenizer_train_chars:
+                break
+            sample.append(text)
+            chars += len(text)
+        return sample
+
     def prepare_data(self) -> None:
-        """Train and cache the tokenizer once (rank 0); every rank loads it in ``setup``."""
-        self.load_tokenizer()
+        """Train and cache the tokenizer once (rank 0); every rank loads it in ``setup``. Shards carry theirs."""
+        if self.hparams.shards_dir is None:
+            self.load_tokenizer()
+
+    def write_shards(self) -> dict:
+        """``lit-prepare``: tokenize every split once, in ``prepare_workers`` processes, into ``shards_dir``."""
+        h = self.hparams
+        if not h.shards_dir:
+            raise ValueError(
+                "lit-prepare writes token shards into data.shards_dir; set data.shards_dir=<folder>"
+            )
+        settings = {key: h[key] for key in ("val_fraction", "test_fraction", "seed")}
+        ids = folder_document_ids(self.corpus)
+        if ids is None:  # a corpus loaded whole: a document is its text
+            documents = {name: [text for _, text in docs] for name, docs in self.splits.items()}
+            read, size = str, len
+        else:  # a folder: a document is a file, read by the workers (the split needs only the ids)
+            parts = split_by_fractions(ids, h.val_fraction, h.test_fraction, h.seed, "documents")
+            documents = {name: [ids[i] for i in idx] for name, idx in parts.items()}
+            read = partial(read_folder_document, self.corpus)
+            size = partial(folder_document_size, self.corpus)
+        tokenizer = self.load_tokenizer(map(read, documents["train"]))
+        return write_shards(documents, read, size, tokenizer, h.shards_dir, h.prepare_workers, settings)
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
+        streams = self._read_shards() if self.hparams.shards_dir else self._encode_splits()
+        block_size = self.hparams.block_size
+        for name, tokens in streams.items():
+            self.datasets[name] = TokenWindows(tokens, block_size)
+            if len(self.datasets[name]) == 0:
+                raise ValueError(
+                    f"The {name} split has {len(tokens)} tokens, fewer than block_size + 1 = {block_size + 1}; "
+                    "add text or lower model.block_size"
+                )
+        log.info("Token windows: %s", {name: len(ds) for name, ds in self.datasets.items()})
+
+    def _encode_splits(self) -> dict[str, torch.Tensor]:
         self.tokenizer = self.load_tokenizer()
-        block_size, tok = self.hparams.block_size, self.tokenizer
+        streams = {}
         for name, docs in self.splits.items():
             if not docs:
                 raise ValueError(
                     f"The {name} split has no documents; raise data.val_fraction/data.test_fraction above 0"
                 )
-            # BOS ... EOS around each document: generation starts prompts with BOS, so the model must see it
-            encoded = tok.encode_batch([text for _, text in docs])
-            ids = [i for doc in encoded for i in (tok.bos_id, *doc, tok.eos_id)]
-            self.datasets[name] = TokenWindows(torch.tensor(ids, dtype=torch.long), block_size)
-            if len(self.datasets[name]) == 0:
-                raise ValueError(
-                    f"The {name} split has {len(ids)} tokens, fewer than block_size + 1 = {block_size + 1}; "
-                    "add text or lower model.block_size"
-                )
+            tokens = document_tokens(self.tokenizer, [text for _, text in docs])
+            streams[name] = torch.tensor(tokens, dtype=torch.long)
         del self.splits  # the raw text is encoded; keep only the token windows in memory
-        log.info("Token windows: %s", {name: len(ds) for name, ds in self.datasets.items()})
+        return streams
+
+    def _read_shards(self) -> dict[str, ShardedTokens]:
+        h = self.hparams
+        streams, self.tokenizer, settings = read_shards(h.shards_dir)
+        # the shards' tokenizer and split are fixed when they are written: a different one asked for now is an error
+        if h.tokenizer_path and Tokenizer.from_file(h.tokenizer_path) != self.tokenizer:
+            raise ValueError(
+                f"data.tokenizer_path={h.tokenizer_path} is not the tokenizer of the shards in {h.shards_dir}; "
+                "drop data.tokenizer_path (the shards carry theirs) or re-run lit-prepare with it"
+            )
+        asked = {key: h[key] for key in settings}
+        if asked != settings:
+            raise ValueError(
+                f"The shards in {h.shards_dir} were split with {settings}, this run asks for {asked}; pass the "
+                "shards' values or re-run lit-prepare with these"
+            )
+        return streams

@@ -111,17 +111,23 @@ def instantiate_group(group: DictConfig | None, name: str) -> list:
     return objects
 
 
-def resolve_once(cfg: DictConfig) -> DictConfig:
+def resolve_once(cfg: DictConfig, save: bool = True) -> DictConfig:
     """Resolve interpolations once, in the launching process, and hand DDP children that exact config.
 
     Lightning restarts the script for each extra rank; re-resolving there would give ``${now:...}``
     and other interpolations new values. The parent saves the resolved config in the run directory and
     points children at it through an environment variable they inherit.
+
+    torchrun and SLURM start every rank themselves: each resolves on its own, and only their rank 0 saves
+    (``save=False`` elsewhere). They agree, because their run folder comes from the launcher's job id
+    (``utils.cluster``), not from each rank's clock.
     """
     inherited = os.environ.get(RESOLVED_CONFIG_ENV)
     if inherited:
         return OmegaConf.load(inherited)
     OmegaConf.resolve(cfg)
+    if not save:
+        return cfg
     out = Path(cfg.paths.output_dir) / "config_resolved.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, out)

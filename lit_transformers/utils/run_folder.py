@@ -6,6 +6,8 @@
   ``csv/resume_1/``, ``csv/resume_2/``, ...
 * A multirun refuses a non-empty sweep folder.
 * A run that fails before writing anything but its config removes its folder, so only runs look like runs.
+* A SLURM job that SLURM requeued (preempted, or stopped before its time limit) resumes from the ``last.ckpt`` its
+  earlier attempt left in its folder, which it finds again because the folder is named by the job id.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from lit_transformers.utils.cluster import launcher_rank, slurm_requeued
 from lit_transformers.utils.config import RESOLVED_CONFIG_ENV, ConfigError
 
 # what a run writes before it has trained or evaluated anything (Hydra also writes <job name>.log)
@@ -37,8 +40,20 @@ class RunFolderTaken(ConfigError):
     pass
 
 
+def is_job_log(relative_path: str) -> bool:
+    """Hydra's ``<job name>.log`` at the top of a run folder."""
+    return "/" not in relative_path and relative_path.endswith(".log")
+
+
+def requeued_checkpoint(run_dir: Path) -> str | None:
+    """In a requeued SLURM job, the ``last.ckpt`` of its earlier attempt, if any."""
+    last = run_dir / "checkpoints" / "last.ckpt"
+    return str(last) if slurm_requeued() and last.is_file() else None
+
+
 def check_run_folder(run_dir: Path, ckpt_path: str | None) -> None:
-    if not run_dir.is_dir() or not any(run_dir.iterdir()):
+    # job logs alone do not make a run: the other ranks of a torchrun/SLURM job may open theirs before rank 0 checks
+    if not run_dir.is_dir() or all(is_job_log(p.name) and p.is_file() for p in run_dir.iterdir()):
         return
     if ckpt_path and Path(ckpt_path).resolve().is_relative_to(run_dir.resolve()):
         return  # resuming this folder's own run
@@ -64,8 +79,10 @@ class RunFolderGuard(Callback):
     """Hydra callback: it runs before Hydra writes ``.hydra/`` and the job log, so a refused run changes nothing."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if RESOLVED_CONFIG_ENV in os.environ:
-            return  # a DDP worker joining its launcher's run folder
+        if RESOLVED_CONFIG_ENV in os.environ or launcher_rank() != 0:
+            return  # a DDP rank joining the run folder of its Lightning parent, or of rank 0 of its torchrun/SLURM job
+        if slurm_requeued():
+            return  # the job's own folder, from its earlier attempt (with a last.ckpt to resume, or started over)
         _exit_if_taken(check_run_folder, Path(config.hydra.run.dir), config.get("ckpt_path"))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -99,5 +116,5 @@ def remove_if_only_config(run_dir: Path) -> None:
     if not run_dir.is_dir():
         return
     files = [p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if not p.is_dir()]
-    if all(f in CONFIG_FILES or ("/" not in f and f.endswith(".log")) for f in files):
+    if all(f in CONFIG_FILES or is_job_log(f) for f in files):
         shutil.rmtree(run_dir)
