@@ -212,3 +212,35 @@ def test_a_one_document_corpus_is_a_clear_error(tmp_path):
     )
     with pytest.raises(ValueError, match="train split has 1 document.*NotNext"):
         dm.setup()
+
+
+def test_eval_dupe_factor_adds_pair_draws_to_validation_and_test_only(tmp_path):
+    from lit_transformers.data import MaskedLMDataModule
+
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    for d in range(12):
+        rng = random.Random(d)
+        sentences = [" ".join(rng.choices(words, k=rng.randint(4, 9))).capitalize() + "." for _ in range(12)]
+        (tmp_path / f"doc{d}.txt").write_text(" ".join(sentences))
+
+    def pairs(eval_dupe_factor):
+        dm = MaskedLMDataModule(
+            corpus={"source": "path", "path": str(tmp_path)},
+            vocab_size=60,
+            max_seq_len=32,
+            dupe_factor=2,
+            eval_dupe_factor=eval_dupe_factor,
+            val_fraction=0.25,
+            test_fraction=0.25,
+            cache_dir=str(tmp_path / "cache"),
+        )
+        dm.setup()
+        return dm.datasets
+
+    once, thrice = pairs(1), pairs(3)
+    assert thrice["train"] == once["train"]
+    for split in ("val", "test"):
+        # the first pass is the same draw; the others add pairs with other boundaries and partners
+        assert thrice[split][: len(once[split])] == once[split]
+        assert len(thrice[split]) > 2 * len(once[split])
+        assert thrice[split][len(once[split]) :] != once[split] * 2

@@ -20,11 +20,15 @@ TINY_MODEL = [
     "model.d_ff=64",
     "model.max_position=48",
 ]
-TINY_BERT = [*TINY_MODEL, "data.vocab_size=400", "data.dupe_factor=1", *TINY_TRAINER]
+# bert_pretrain's pairs (64 tokens) cut to the tiny model's 48 positions
+TINY_PAIRS = "data.max_seq_len=48"
+TINY_BERT = [*TINY_MODEL, TINY_PAIRS, "data.vocab_size=400", "data.dupe_factor=1", *TINY_TRAINER]
 
 
 def test_fast_dev_run_bert_pretrain(compose_cfg):
-    metrics = train(compose_cfg("experiment=bert_pretrain", "debug=fdr", *TINY_MODEL, "data.vocab_size=400"))
+    metrics = train(
+        compose_cfg("experiment=bert_pretrain", "debug=fdr", *TINY_MODEL, TINY_PAIRS, "data.vocab_size=400")
+    )
     for key in (
         "test/mlm_loss",
         "test/mlm_acc",

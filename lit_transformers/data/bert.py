@@ -66,7 +66,9 @@ class MaskedLMDataModule(CollatedSplits):
     """Sentence pairs for MLM + NSP. Documents come from ``corpus`` (CPython's docs by default, one topic a
     document), are split into sentences by :func:`lit_transformers.text.split_sentences`, and paired by
     :func:`lit_transformers.text.build_nsp_pairs`, ``dupe_factor`` times over the training documents with
-    different draws (Google's recipe: each pass gives other segment boundaries and NotNext partners)."""
+    different draws (Google's recipe: each pass gives other segment boundaries and NotNext partners), and
+    ``eval_dupe_factor`` times over the validation and test documents: a few held-out documents then give
+    enough pairs that NSP accuracy is not dominated by the draw of boundaries and partners."""
 
     def __init__(
         self,
@@ -77,6 +79,7 @@ class MaskedLMDataModule(CollatedSplits):
         max_seq_len: int = 128,
         short_seq_prob: float = 0.1,
         dupe_factor: int = 5,
+        eval_dupe_factor: int = 1,
         batch_size: int = 32,
         val_fraction: float = 0.05,
         test_fraction: float = 0.05,
@@ -134,7 +137,7 @@ class MaskedLMDataModule(CollatedSplits):
                     f"file with blank-line separated paragraphs) or raise data.{name}_fraction"
                 )
             documents = [tok.encode_batch(split_sentences(text)) for _, text in docs]
-            passes = h.dupe_factor if name == "train" else 1
+            passes = h.dupe_factor if name == "train" else h.eval_dupe_factor
             pairs = [
                 pair
                 for i in range(passes)
