@@ -67,21 +67,25 @@ def beam_search(
             rank = torch.arange(2 * K, device=device)[None]
             finishing = ((top_token == eos_id) | at_limit) & (rank < K) & ~done[:, None]
             finishing &= top_scores > float("-inf")
-            new_scores = torch.where(finishing, top_scores / length_penalty(length, alpha), float("-inf"))
-            new_tokens = torch.cat(
-                [tokens[top_rows.flatten()].view(B, 2 * K, -1), top_token[:, :, None]], dim=2
-            )
-            new_tokens = nn.functional.pad(new_tokens, (0, limit + 1 - new_tokens.size(2)), value=pad_id)
-            pool_scores = torch.cat([finished_scores, new_scores], dim=1)  # (B, 3K)
-            finished_scores, keep = pool_scores.topk(K, dim=1)
-            pool_tokens = torch.cat([finished_tokens, new_tokens], dim=1)  # (B, 3K, limit + 1)
-            finished_tokens = pool_tokens.gather(1, keep[:, :, None].expand(-1, -1, limit + 1))
+            if bool(finishing.any()):  # most steps finish nothing: skip building their hypotheses
+                new_scores = torch.where(finishing, top_scores / length_penalty(length, alpha), float("-inf"))
+                new_tokens = torch.cat(
+                    [tokens.index_select(0, top_rows.flatten()).view(B, 2 * K, -1), top_token[:, :, None]],
+                    dim=2,
+                )
+                new_tokens = nn.functional.pad(new_tokens, (0, limit + 1 - new_tokens.size(2)), value=pad_id)
+                pool_scores = torch.cat([finished_scores, new_scores], dim=1)  # (B, 3K)
+                finished_scores, keep = pool_scores.topk(K, dim=1)
+                pool_tokens = torch.cat([finished_tokens, new_tokens], dim=1)  # (B, 3K, limit + 1)
+                finished_tokens = pool_tokens.gather(1, keep[:, :, None].expand(-1, -1, limit + 1))
 
             # continue: the K best candidates that do not end in EOS
             live = torch.argsort((top_token == eos_id).int(), dim=1, stable=True)[:, :K]
             scores = top_scores.gather(1, live)
             rows = top_rows.gather(1, live).flatten()
-            tokens = torch.cat([tokens[rows], top_token.gather(1, live).view(B * K, 1)], dim=1)
+            tokens = torch.cat(
+                [tokens.index_select(0, rows), top_token.gather(1, live).view(B * K, 1)], dim=1
+            )
             if caches is not None:
                 for cache in caches:
                     # self-attention only: cross-attention rows of one sentence hold the same source
