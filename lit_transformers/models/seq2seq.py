@@ -54,6 +54,12 @@ class Seq2SeqConfig:
     eos_id: int | None = None
 
 
+def source_mask(src_valid: torch.Tensor | None) -> torch.Tensor | None:
+    """The (B, 1, 1, S) attention mask hiding source padding, or None when there is none (attention without a
+    mask takes a faster kernel; length-bucketed batches are often unpadded)."""
+    return None if src_valid is None or bool(src_valid.all()) else padding_mask(src_valid)
+
+
 class SourceDecoder(nn.Module):
     """The decoder bound to a batch of encoded sources, in the protocol of ``nn.generate`` and
     ``nn.beam_search``: ``decoder(ids, position_ids=, mask=, caches=, last_only=)`` and ``new_caches``.
@@ -69,7 +75,7 @@ class SourceDecoder(nn.Module):
         self.model, self.beams = model, beams
         self.source_memory = memory  # (B, S, d): one row per sentence
         self.memory = memory.repeat_interleave(beams, dim=0) if beams > 1 else memory
-        self.context_mask = padding_mask(src_valid.repeat_interleave(beams, dim=0))
+        self.context_mask = source_mask(src_valid.repeat_interleave(beams, dim=0))
 
     def forward(self, ids, position_ids=None, mask=None, caches=None, last_only=False) -> torch.Tensor:
         return self.model.decode(ids, self.memory, self.context_mask, position_ids, mask, caches, last_only)
@@ -161,7 +167,7 @@ class Seq2SeqTransformer(nn.Module):
         self._check_length(src_ids.size(1), "A source")
         positions = torch.arange(src_ids.size(1), device=src_ids.device)[None]
         x = self._embed(self.src_emb, src_ids, positions)
-        mask = padding_mask(src_valid) if src_valid is not None else None
+        mask = source_mask(src_valid)
         for block in self.encoder:
             x = block(x, mask=mask, rotary=self.rotary, position_ids=positions)
         return self.encoder_norm(x)
@@ -205,7 +211,7 @@ class Seq2SeqTransformer(nn.Module):
         """Teacher forcing: logits (B, T, V) of the next target token at each position of ``tgt_ids``
         (BOS y1 .. y_{T-1}, right-padded: a real position never sees the padding after it)."""
         memory = self.encode(src_ids, src_valid)
-        context_mask = padding_mask(src_valid) if src_valid is not None else None
+        context_mask = source_mask(src_valid)
         return self.decode(tgt_ids, memory, context_mask)
 
     # ---- decoding ------------------------------------------------------------------------------
