@@ -14,13 +14,11 @@ the order; a round in which other processes used more than ``--busy`` of the CPU
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
-from gpt_step import cpu_jiffies
+from gpt_step import quiet_rounds
 
 from lit_transformers.models import BERT
 from lit_transformers.nn import IGNORE_INDEX
@@ -129,26 +127,10 @@ def main() -> None:
     for step in steps.values():  # warm-up: allocator, optimizer state
         step(*data[0])
 
-    names, rates, busy = list(steps), {name: [] for name in steps}, 0
     tokens = args.steps * args.batch_size * args.seq_len
-    for r in range(args.max_rounds):
-        if len(rates["ours"]) == args.rounds:
-            break
-        order = names[r % 2 :] + names[: r % 2]
-        machine0, own0 = cpu_jiffies()
-        times = {}
-        for name in order:
-            t0 = time.perf_counter()
-            for batch in data:
-                steps[name](*batch)
-            times[name] = time.perf_counter() - t0
-        machine1, own1 = cpu_jiffies()
-        others = (machine1 - machine0) - (own1 - own0)
-        if others / 100 > args.busy * sum(times.values()) * os.cpu_count():
-            busy += 1
-            continue
-        for name, seconds in times.items():
-            rates[name].append(tokens / seconds)
+    run_all = {name: (lambda step=step: [step(*batch) for batch in data]) for name, step in steps.items()}
+    seconds, busy = quiet_rounds(run_all, args.rounds, args.max_rounds, args.busy)
+    rates = {name: [tokens / t for t in times] for name, times in seconds.items()}
 
     print(
         f"BERT MLM+NSP training step, fp32, {torch.get_num_threads()} threads: n_layer={args.n_layer} "

@@ -22,6 +22,7 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +57,35 @@ def cpu_jiffies() -> tuple[int, int]:
     return machine, int(own[11]) + int(own[12])  # utime + stime (all threads)
 
 
+def quiet_rounds(
+    methods: dict[str, Callable[[], object]], rounds: int, max_rounds: int, busy: float
+) -> tuple[dict[str, list[float]], int]:
+    """Seconds of each method in up to ``rounds`` kept rounds, and how many rounds were discarded.
+
+    Rounds rotate which method runs first; a round in which other processes used more than ``busy`` of the
+    machine's CPU time (from ``/proc/stat``) is discarded, since this machine is shared.
+    """
+    names, seconds, discarded = list(methods), {name: [] for name in methods}, 0
+    for r in range(max_rounds):
+        if len(seconds[names[0]]) == rounds:
+            break
+        order = names[r % len(names) :] + names[: r % len(names)]
+        machine0, own0 = cpu_jiffies()
+        times = {}
+        for name in order:
+            t0 = time.perf_counter()
+            methods[name]()
+            times[name] = time.perf_counter() - t0
+        machine1, own1 = cpu_jiffies()
+        others = (machine1 - machine0) - (own1 - own0)  # jiffies (1/100 s) used by other processes
+        if others / 100 > busy * sum(times.values()) * os.cpu_count():
+            discarded += 1
+            continue
+        for name, t in times.items():
+            seconds[name].append(t)
+    return seconds, discarded
+
+
 def make_step(model, logits_of, fused: bool):
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=fused
@@ -86,27 +116,10 @@ def measure(args, batch_size: int, block_size: int, peak: float) -> None:
     for step in steps.values():  # warm-up: allocator, optimizer state
         step(*batches[0])
 
-    names, rates, busy = list(steps), {name: [] for name in steps}, 0
     tokens = args.steps * batch_size * block_size
-    for r in range(args.max_rounds):
-        if len(rates["ours"]) == args.rounds:
-            break
-        order = names[r % len(names) :] + names[: r % len(names)]  # rotate who runs first
-        machine0, own0 = cpu_jiffies()
-        times = {}
-        for name in order:
-            t0 = time.perf_counter()
-            for x, y in batches:
-                steps[name](x, y)
-            times[name] = time.perf_counter() - t0
-        machine1, own1 = cpu_jiffies()
-        wall = sum(times.values())
-        others = (machine1 - machine0) - (own1 - own0)  # jiffies (1/100 s) used by other processes
-        if others / 100 > args.busy * wall * os.cpu_count():
-            busy += 1
-            continue
-        for name, seconds in times.items():
-            rates[name].append(tokens / seconds)
+    run_all = {name: (lambda step=step: [step(x, y) for x, y in batches]) for name, step in steps.items()}
+    seconds, busy = quiet_rounds(run_all, args.rounds, args.max_rounds, args.busy)
+    rates = {name: [tokens / t for t in times] for name, times in seconds.items()}
 
     n_params = ours.num_params(non_embedding=True)
     flops = ours.flops_per_token()

@@ -20,12 +20,10 @@ and the median per-round ratios ours/Marian and cached/uncached.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import time
 
 import torch
-from gpt_step import cpu_jiffies
+from gpt_step import quiet_rounds
 
 from lit_transformers.models import Seq2SeqTransformer
 
@@ -130,24 +128,9 @@ def main() -> None:
     }
     with torch.inference_mode():
         same = {beam: run_ours(beam) == run_marian(beam) for beam in (1, args.beam)}  # also the warm-up
-        names, rates, busy = list(methods), {name: [] for name in methods}, 0
-        for r in range(args.max_rounds):
-            if len(rates["ours greedy"]) == args.rounds:
-                break
-            order = names[r % len(names) :] + names[: r % len(names)]  # rotate who runs first
-            machine0, own0 = cpu_jiffies()
-            times = {}
-            for name in order:
-                t0 = time.perf_counter()
-                methods[name]()
-                times[name] = time.perf_counter() - t0
-            machine1, own1 = cpu_jiffies()
-            others = (machine1 - machine0) - (own1 - own0)  # jiffies (1/100 s) used by other processes
-            if others / 100 > args.busy * sum(times.values()) * os.cpu_count():
-                busy += 1
-                continue
-            for name, seconds in times.items():
-                rates[name].append(len(batches) * args.batch_size / seconds)
+        seconds, busy = quiet_rounds(methods, args.rounds, args.max_rounds, args.busy)
+    sentences = len(batches) * args.batch_size
+    rates = {name: [sentences / t for t in times] for name, times in seconds.items()}
 
     print(
         f"\nTranslation decoding (fp32, {torch.get_num_threads()} threads): d_model={args.d_model} "
