@@ -45,19 +45,32 @@ def _datamodule(**settings) -> CausalLMDataModule:
     return datamodule
 
 
-@pytest.mark.parametrize("source", ["pydoc", "folder"])
+def _corpus(source: str, root: Path) -> dict:
+    """CPython's docs written as a corpus of ``source``: a folder of files, one file of paragraphs (line breaks
+    \r\n, which reading translates), or a dataset saved to disk."""
+    docs = load_documents(CorpusSpec())
+    if source == "folder":
+        root.mkdir()
+        for name, text in docs:
+            (root / f"{name}.txt").write_text(text, encoding="utf-8")
+        return {"source": "path", "path": str(root)}
+    if source == "file":
+        path = root.with_suffix(".txt")
+        path.write_bytes("\n\n".join(text for _, text in docs).replace("\n", "\r\n").encode())
+        return {"source": "path", "path": str(path)}
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"text": [text for _, text in docs]}).save_to_disk(str(root))
+    return {"source": "hub", "name": str(root)}
+
+
+@pytest.mark.parametrize("source", ["pydoc", "folder", "file", "hub"])
 def test_shards_give_the_windows_and_tokenizer_of_the_in_memory_path(source, pydoc_shards, tmp_path):
     if source == "pydoc":
         corpus, shards = {}, pydoc_shards
-    else:  # a folder of files, which the workers read themselves
-        folder = tmp_path / "corpus"
-        folder.mkdir()
-        for name, text in load_documents(CorpusSpec()):
-            (folder / f"{name}.txt").write_text(text, encoding="utf-8")
-        corpus = {"source": "path", "path": str(folder)}
-        shards = _prepare(
-            tmp_path / "shards", tmp_path / "cache", "data.corpus.source=path", f"data.corpus.path={folder}"
-        )
+    else:  # a corpus the workers read document by document
+        corpus = _corpus(source, tmp_path / "corpus")
+        overrides = [f"data.corpus.{key}={value}" for key, value in corpus.items()]
+        shards = _prepare(tmp_path / "shards", tmp_path / "cache", *overrides)
     index = json.loads((shards / "index.json").read_text())
     assert len(index["splits"]["train"]) > 5 and index["dtype"] == "uint16"
     in_memory = _datamodule(corpus=corpus, cache_dir=str(tmp_path / "in_memory_cache"))
@@ -71,6 +84,32 @@ def test_shards_give_the_windows_and_tokenizer_of_the_in_memory_path(source, pyd
         for i in range(len(expected)):
             for key in ("input_ids", "labels"):
                 assert torch.equal(got[i][key], expected[i][key]), (split, i, key)
+
+
+def _refusing_to_read(path: Path, read_whole):
+    """``Path.read_bytes`` or ``read_text`` (how a file is read whole), failing for ``path``."""
+
+    def read(self, *args, **kwargs):
+        assert self != path, f"{path} was read whole"
+        return read_whole(self, *args, **kwargs)
+
+    return read
+
+
+def test_prepare_reads_a_single_file_by_paragraph_byte_ranges_never_whole(tmp_path, monkeypatch):
+    corpus = _corpus("file", tmp_path / "corpus")
+    path = Path(corpus["path"])
+    data = path.read_bytes()
+    paragraphs = [text for _, text in load_documents(CorpusSpec(**corpus))]
+    for method in ("read_bytes", "read_text"):
+        monkeypatch.setattr(Path, method, _refusing_to_read(path, getattr(Path, method)))
+    tasks = []  # what the workers would get
+    monkeypatch.setattr(token_stream, "_write_shard", lambda task: tasks.append(task) or 0)
+    overrides = [f"data.corpus.{key}={value}" for key, value in corpus.items()]
+    _prepare(tmp_path / "shards", tmp_path / "cache", *overrides, "data.prepare_workers=0")
+    ranges = sorted(reference for _, documents, _ in tasks for reference, _ in documents)
+    texts = [data[start:end].decode().replace("\r\n", "\n") + "\n\n" for start, end in ranges]
+    assert texts == paragraphs and len(paragraphs) > 100
 
 
 def test_each_rank_reads_a_disjoint_part_of_every_epoch_and_workers_read_the_same_batches(pydoc_shards):

@@ -1,21 +1,29 @@
-"""Text corpora as (document id, text) pairs, and a deterministic split by document."""
+"""Text corpora as (document id, text) pairs, and a deterministic split by document.
+
+Every corpus is read one document at a time; each document also has a reference (a topic key, a file of a folder,
+the byte range of a paragraph of a single file, a dataset row) from which ``read_document`` reads its text again in
+any process. ``load_documents`` keeps the texts (corpora that fit in memory); ``document_index`` keeps only ids,
+references and sizes, so that ``lit-prepare`` splits a corpus larger than memory and its workers read the texts.
+"""
 
 from __future__ import annotations
 
 import codecs
+import functools
 import hashlib
 import json
 import logging
-import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lit_transformers.text import split_by_fractions
 
 Document = tuple[str, str]
 SOURCES = ("pydoc", "path", "hub")
+HUB_BATCH_ROWS = 1000  # dataset rows decoded at once while a Hub corpus is read row by row
 
 log = logging.getLogger(__name__)
 
@@ -37,30 +45,67 @@ class CorpusSpec:
 
 
 def load_documents(spec: CorpusSpec) -> list[Document]:
+    return [(doc_id, text) for doc_id, _, text in _documents(spec)]
+
+
+def document_index(spec: CorpusSpec) -> list[tuple[str, Any, int]]:
+    """(id, reference, characters) of every document of ``load_documents``, in its order, from one pass that holds
+    one document at a time: what a split and a fair share of the corpus among workers need, without the text."""
+    return [(doc_id, reference, len(text)) for doc_id, reference, text in _documents(spec)]
+
+
+def read_document(spec: CorpusSpec, reference: Any) -> str:
+    """The text of the document that ``document_index`` gave ``reference``, read on its own."""
+    if spec.source == "pydoc":
+        from pydoc_data.topics import topics
+
+        return topics[reference]
+    if spec.source == "hub":
+        return _hub_texts(spec)[reference][spec.text_field]
+    root = Path(spec.path).expanduser()
+    if root.is_dir():
+        return _read_text(root / reference, spec.encoding)
+    start, end = reference
+    with open(root, "rb") as file:
+        file.seek(start)
+        return _paragraph_text(file.read(end - start), spec.encoding)
+
+
+def _documents(spec: CorpusSpec) -> Iterator[tuple[str, Any, str]]:
+    """(id, reference, text) of each document with text, one at a time."""
     if spec.source == "pydoc":
         from pydoc_data.topics import topics  # ships with every CPython: ~465 KB of real English prose
 
-        docs = sorted(topics.items())
+        docs = ((key, key, text) for key, text in sorted(topics.items()))
     elif spec.source == "path":
-        docs = _documents_from_path(spec.path, spec.encoding)
+        docs = _path_documents(spec)
     elif spec.source == "hub":
-        docs = _documents_from_hub(spec)
+        docs = _hub_documents(spec)
     else:
         raise ValueError(f"Unknown corpus source {spec.source!r}; set data.corpus.source to one of {SOURCES}")
-    docs = [(doc_id, text) for doc_id, text in docs if text.strip()]
-    if not docs:
+    empty = True
+    for doc in docs:
+        if doc[2].strip():
+            empty = False
+            yield doc
+    if empty:
         raise ValueError(f"Corpus {spec} holds no text; point data.corpus at a non-empty source")
-    return docs
 
 
-def _documents_from_path(path: str | None, encoding: str) -> list[Document]:
-    root = _corpus_path(path, encoding)
-    if root.is_dir():
-        return list(_folder_documents(root, encoding))
-    # one file: its blank-line separated paragraphs are the documents of the split
-    text = _read_text(root, encoding)
-    paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
-    return [(f"{root.name}:{i}", p + "\n\n") for i, p in enumerate(paragraphs)]
+def _path_documents(spec: CorpusSpec) -> Iterator[tuple[str, Any, str]]:
+    root = _corpus_path(spec.path, spec.encoding)
+    if root.is_dir():  # one document per .txt file
+        files = sorted(root.rglob("*.txt"))
+        if not files:
+            raise FileNotFoundError(
+                f"No .txt files under {root}; set data.corpus.path to a folder with .txt files"
+            )
+        for file in files:
+            doc_id = str(file.relative_to(root))
+            yield doc_id, doc_id, _read_text(file, spec.encoding)
+    else:  # one file: its blank-line separated paragraphs are the documents of the split
+        for i, (byte_range, text) in enumerate(_paragraphs(root, spec.encoding)):
+            yield f"{root.name}:{i}", byte_range, text
 
 
 def _corpus_path(path: str | None, encoding: str) -> Path:
@@ -79,65 +124,113 @@ def _corpus_path(path: str | None, encoding: str) -> Path:
     return root
 
 
-def _folder_documents(root: Path, encoding: str) -> Iterator[Document]:
-    """One document per .txt file of the folder, read one at a time."""
-    files = sorted(root.rglob("*.txt"))
-    if not files:
-        raise FileNotFoundError(
-            f"No .txt files under {root}; set data.corpus.path to a folder with .txt files"
+def _paragraphs(file: Path, encoding: str) -> Iterator[tuple[tuple[int, int], str]]:
+    """The byte range and text of each paragraph of the file with text, read one line at a time. The paragraphs are
+    the pieces that ``re.split(r"\\n\\s*\\n", text)`` cuts from the file's decoded text: a line of whitespace that
+    ends in a line break and follows another ends a paragraph (without the line break before it), and the lines of
+    whitespace after it belong to no paragraph."""
+    try:
+        ascii_line_breaks = b"\r\n \t".decode(encoding) == "\r\n \t"
+    except UnicodeDecodeError:
+        ascii_line_breaks = False
+    if not ascii_line_breaks:
+        raise ValueError(
+            f"Corpus file {file} is read line by line, which {encoding} text (line breaks of several bytes) cannot "
+            f"be; convert it to UTF-8 (iconv -f {encoding} -t utf-8) or put it in a folder as data.corpus.path"
         )
-    for file in files:
-        yield str(file.relative_to(root)), _read_text(file, encoding)
+    check = _DecodingCheck(file, encoding)
+    lines: list[str] = []  # the paragraph's lines so far, a character per byte
+    start = offset = 0
+    # latin-1 reads any byte as one character, and newline="" splits at \n, \r\n and \r without translating them:
+    # character offsets are byte offsets, and in an ASCII-compatible encoding those bytes are the line breaks
+    with open(file, encoding="latin-1", newline="") as raw:
+        for line in raw:
+            text = check.decode(line.encode("latin-1"), offset)
+            blank = offset > 0 and line[-1] in "\r\n" and not text.strip()
+            if blank and lines:
+                yield from _paragraph(start, "".join(lines).removesuffix("\n").removesuffix("\r"), encoding)
+                lines = []
+            elif not blank:
+                if not lines:
+                    start = offset
+                lines.append(line)
+            offset += len(line)
+    check.finish()
+    if lines:
+        yield from _paragraph(start, "".join(lines), encoding)
 
 
-def folder_document_ids(spec: CorpusSpec) -> list[str] | None:
-    """The ids of a folder corpus's documents (as ``load_documents`` keeps them), reading one file at a time: with
-    them ``lit-prepare``'s workers read the files themselves, and the corpus is never in memory at once. None for
-    the other kinds of corpus, which are loaded whole."""
-    if spec.source != "path" or not spec.path or not Path(spec.path).expanduser().is_dir():
-        return None
-    return [
-        doc_id
-        for doc_id, text in _folder_documents(_corpus_path(spec.path, spec.encoding), spec.encoding)
-        if text.strip()
-    ]
+def _paragraph(start: int, raw: str, encoding: str) -> Iterator[tuple[tuple[int, int], str]]:
+    """The byte range and text of the paragraph at byte ``start`` (``raw``: its bytes as latin-1 characters), if
+    it has text."""
+    text = _paragraph_text(raw.encode("latin-1"), encoding)
+    if text.strip():
+        yield (start, start + len(raw)), text
 
 
-def read_folder_document(spec: CorpusSpec, doc_id: str) -> str:
-    return _read_text(Path(spec.path).expanduser() / doc_id, spec.encoding)
+def _paragraph_text(data: bytes, encoding: str) -> str:
+    """A paragraph's bytes as the document the split sees: decoded (checked by the pass that found it), line breaks
+    as in ``_read_text``, and a blank line after it."""
+    return _universal_newlines(data.decode(encoding, errors="replace")) + "\n\n"
 
 
-def folder_document_size(spec: CorpusSpec, doc_id: str) -> int:
-    return (Path(spec.path).expanduser() / doc_id).stat().st_size
+def _universal_newlines(text: str) -> str:
+    """\r\n and \r as \n, as Python's text files read them."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _read_text(file: Path, encoding: str) -> str:
-    """The file's text; refuses binary files and text in another encoding, naming the file and the fix."""
-    try:
-        text, bad = file.read_text(encoding=encoding), None
-    except UnicodeDecodeError as err:
-        text, bad = file.read_text(encoding=encoding, errors="replace"), err
-    if "\x00" in text:  # text never holds NUL; binaries (and UTF-16 read as UTF-8) are full of them
-        raise ValueError(
-            f"Corpus file {file} is not text: it contains NUL bytes, as binary files do; point "
-            "data.corpus.path at text files (for UTF-16 text, set data.corpus.encoding=utf-16)"
-        )
-    if bad is None:
+    """The file's text, checked by ``_DecodingCheck``."""
+    check = _DecodingCheck(file, encoding)
+    text = check.decode(file.read_bytes())
+    check.finish()
+    return _universal_newlines(text)
+
+
+class _DecodingCheck:
+    """Decodes a file's bytes, whole or piece by piece, and refuses binary files and text in another encoding,
+    naming the file and the fix."""
+
+    def __init__(self, file: Path, encoding: str):
+        self.file, self.encoding = file, encoding
+        self.replaced = self.non_ascii = 0
+        self.first_bad: int | None = None  # byte offset of the first byte that is not valid text
+
+    def decode(self, data: bytes, offset: int = 0) -> str:
+        """The text of ``data``, the file's bytes from ``offset`` on."""
+        try:
+            text = data.decode(self.encoding)
+        except UnicodeDecodeError as err:
+            text = data.decode(self.encoding, errors="replace")
+            if self.first_bad is None:
+                self.first_bad = offset + err.start
+        if "\x00" in text:  # text never holds NUL; binaries (and UTF-16 read as UTF-8) are full of them
+            raise ValueError(
+                f"Corpus file {self.file} is not text: it contains NUL bytes, as binary files do; point "
+                "data.corpus.path at text files (for UTF-16 text, set data.corpus.encoding=utf-16)"
+            )
+        self.replaced += text.count("\ufffd")
+        self.non_ascii += len(text) - len(text.encode("ascii", errors="ignore"))
         return text
-    # A wrong encoding garbles most non-ASCII characters (latin-1 accents are single bytes, invalid in UTF-8);
-    # a few stray bytes in otherwise valid text (common in scraped corpora) are kept as U+FFFD, with a warning.
-    replaced = text.count("\ufffd")
-    non_ascii = len(text) - len(text.encode("ascii", errors="ignore"))
-    if 2 * replaced > non_ascii:
-        raise ValueError(
-            f"Corpus file {file} is not {encoding} text: {replaced} of its {non_ascii} non-ASCII characters "
-            f"cannot be decoded (the first at byte {bad.start}); set data.corpus.encoding=latin-1 "
-            "(or the file's encoding, e.g. cp1252)"
+
+    def finish(self) -> None:
+        """Judges the whole file once it is decoded. A wrong encoding garbles most non-ASCII characters (latin-1
+        accents are single bytes, invalid in UTF-8); a few stray bytes in otherwise valid text (common in scraped
+        corpora) are kept as U+FFFD, with a warning."""
+        if self.first_bad is None:
+            return
+        if 2 * self.replaced > self.non_ascii:
+            raise ValueError(
+                f"Corpus file {self.file} is not {self.encoding} text: {self.replaced} of its {self.non_ascii} "
+                f"non-ASCII characters cannot be decoded (the first at byte {self.first_bad}); set "
+                "data.corpus.encoding=latin-1 (or the file's encoding, e.g. cp1252)"
+            )
+        log.warning(
+            "Corpus file %s: %d byte(s) that are not valid %s were replaced by U+FFFD",
+            self.file,
+            self.replaced,
+            self.encoding,
         )
-    log.warning(
-        "Corpus file %s: %d byte(s) that are not valid %s were replaced by U+FFFD", file, replaced, encoding
-    )
-    return text
 
 
 def load_hub_dataset(
@@ -172,18 +265,32 @@ def load_hub_dataset(
         ) from err
 
 
-def _documents_from_hub(spec: CorpusSpec) -> list[Document]:
+def _hub_documents(spec: CorpusSpec) -> Iterator[tuple[str, int, str]]:
+    """One document per row, read a batch of rows at a time from the memory-mapped dataset."""
+    rows = _hub_texts(spec).iter(batch_size=HUB_BATCH_ROWS)
+    texts = (text for batch in rows for text in batch[spec.text_field])
+    for i, text in enumerate(texts):
+        yield f"{spec.name}:{i}", i, text
+
+
+def _hub_texts(spec: CorpusSpec):
+    """The text column of the corpus's dataset, loaded once per process (the rows stay on disk)."""
     if not spec.name:
         raise ValueError(
             "data.corpus.source=hub needs data.corpus.name=<dataset name or save_to_disk folder>"
         )
-    dataset = load_hub_dataset(spec.name, spec.subset, spec.split, spec.data_files)
-    if spec.text_field not in dataset.column_names:
+    return _hub_column(spec.name, spec.subset, spec.split, spec.data_files, spec.text_field)
+
+
+@functools.cache
+def _hub_column(name: str, subset: str | None, split: str, data_files: str | None, text_field: str):
+    dataset = load_hub_dataset(name, subset, split, data_files)
+    if text_field not in dataset.column_names:
         raise KeyError(
-            f"Dataset {spec.name} has no column {spec.text_field!r}; set data.corpus.text_field to one of "
+            f"Dataset {name} has no column {text_field!r}; set data.corpus.text_field to one of "
             f"{dataset.column_names}"
         )
-    return [(f"{spec.name}:{i}", text) for i, text in enumerate(dataset[spec.text_field])]
+    return dataset.select_columns([text_field])
 
 
 def fingerprint(spec: CorpusSpec) -> str:

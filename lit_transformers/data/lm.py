@@ -18,11 +18,10 @@ from torch.utils.data import Dataset
 from lit_transformers.data.checks import check_batch_size
 from lit_transformers.data.corpus import (
     CorpusSpec,
+    document_index,
     fingerprint,
-    folder_document_ids,
-    folder_document_size,
     load_documents,
-    read_folder_document,
+    read_document,
     split_documents,
 )
 from lit_transformers.data.loaders import CollatedSplits
@@ -124,17 +123,17 @@ class CausalLMDataModule(CollatedSplits):
                 "lit-prepare writes token shards into data.shards_dir; set data.shards_dir=<folder>"
             )
         settings = {key: h[key] for key in ("val_fraction", "test_fraction", "seed")}
-        ids = folder_document_ids(self.corpus)
-        if ids is None:  # a corpus loaded whole: a document is its text
-            documents = {name: [text for _, text in docs] for name, docs in self.splits.items()}
-            read, size = str, len
-        else:  # a folder: a document is a file, read by the workers (the split needs only the ids)
-            parts = split_by_fractions(ids, h.val_fraction, h.test_fraction, h.seed, "documents")
-            documents = {name: [ids[i] for i in idx] for name, idx in parts.items()}
-            read = partial(read_folder_document, self.corpus)
-            size = partial(folder_document_size, self.corpus)
-        tokenizer = self.load_tokenizer(map(read, documents["train"]))
-        return write_shards(documents, read, size, tokenizer, h.shards_dir, h.prepare_workers, settings)
+        # a document is a reference (a file, a paragraph's byte range, a dataset row) that the workers read: the
+        # split needs only the ids, and this process never holds the corpus
+        index = document_index(self.corpus)
+        parts = split_by_fractions(
+            [doc_id for doc_id, _, _ in index], h.val_fraction, h.test_fraction, h.seed, "documents"
+        )
+        documents = {name: [index[i][1:] for i in idx] for name, idx in parts.items()}
+        del index  # the ids: only the split needs them
+        read = partial(read_document, self.corpus)
+        tokenizer = self.load_tokenizer(read(reference) for reference, _ in documents["train"])
+        return write_shards(documents, read, tokenizer, h.shards_dir, h.prepare_workers, settings)
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:

@@ -25,6 +25,7 @@ import logging
 import multiprocessing
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,7 @@ def _start_worker(tokenizer_state: dict, read: Callable[[Any], str]) -> None:
 
 def _write_shard(task: tuple[Path, list, str]) -> int:
     path, documents, dtype = task
-    texts = (_worker["read"](document) for document in documents)
+    texts = (_worker["read"](reference) for reference, _ in documents)
     count = 0
     with open(path, "wb") as shard:
         for part in _runs(texts, len, ENCODE_CHARS):
@@ -140,18 +141,17 @@ def _runs(documents: Iterable, size: Callable[[Any], int], limit: int) -> Iterat
 
 
 def write_shards(
-    documents: dict[str, Sequence],
+    documents: dict[str, Sequence[tuple[Any, int]]],
     read: Callable[[Any], str],
-    size: Callable[[Any], int],
     tokenizer: Tokenizer,
     shards_dir: str | Path,
     workers: int,
     settings: dict,
 ) -> dict:
     """Tokenize each split's documents (in order) into shards, in ``workers`` processes (0: in this one), and write
-    the index last, so an interrupted prepare leaves no index that training would trust. A document is its text
-    (``read=str``, ``size=len``), or a reference that ``read`` turns into text in the worker (a file of a folder
-    corpus), so that the main process never holds the corpus."""
+    the index last, so an interrupted prepare leaves no index that training would trust. A document is a
+    (reference, characters) pair: ``read`` turns the reference (a file, a paragraph's byte range, a dataset row) into
+    its text in the worker, so that the main process never holds the corpus."""
     root = Path(shards_dir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     (root / INDEX).unlink(missing_ok=True)
@@ -160,7 +160,7 @@ def write_shards(
     shards = [
         (split, f"{split}-{k:05d}.bin", run)
         for split, docs in documents.items()
-        for k, run in enumerate(_runs(docs, size, SHARD_CHARS))
+        for k, run in enumerate(_runs(docs, itemgetter(1), SHARD_CHARS))
     ]
     tasks = [(root / name, run, dtype) for _, name, run in shards]
     if workers > 0:
