@@ -128,6 +128,14 @@ def _last_value(run_dir: Path, metric: str) -> float:
         return [float(r[metric]) for r in csv.DictReader(f) if r.get(metric)][-1]
 
 
+def test_the_trials_of_a_sweep_share_one_wandb_group_and_a_single_run_has_none(compose_cfg):
+    assert compose_cfg("logger=wandb").logger.wandb.group is None
+    sweep = "/sweeps/2026-11-29_21-00-00"
+    for multirun in ("hparams_search=gpt_optuna", "hydra.mode=MULTIRUN"):  # an Optuna sweep, any -m
+        cfg = compose_cfg("logger=many", multirun, f"hydra.sweep.dir={sweep}", "task_name=gpt")
+        assert cfg.logger.wandb.group == "gpt-2026-11-29_21-00-00"
+
+
 def test_optuna_sweep_of_three_trials_reports_the_best_one(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     result = train_cli(

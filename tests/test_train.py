@@ -244,6 +244,8 @@ def test_multirun_gives_each_job_its_own_config_and_wandb_run(tmp_path):
     jobs = sorted((tmp_path / "train" / "multiruns").glob("*/[01]"))
     assert [OmegaConf.load(job / "config_resolved.yaml").seed for job in jobs] == [1, 2]
     assert all(len(list((job / "wandb").glob("offline-run-*"))) == 1 for job in jobs)
+    groups = {OmegaConf.load(job / "config_resolved.yaml").logger.wandb.group for job in jobs}
+    assert groups == {f"train-{jobs[0].parent.name}"}  # one dashboard group for the multirun
 
 
 @pytest.mark.parametrize("trainer", ["default", "cpu", "gpu", "ddp", "ddp_cpu", "fsdp", "slurm"])

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import os
 from datetime import datetime
+from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import OmegaConf
 
@@ -63,7 +66,17 @@ def on_rank_zero(value):
     return value if launcher_rank() == 0 else None
 
 
+def sweep_group(task_name: str) -> str | None:
+    """``${sweep_group:${task_name}}``: in a Hydra multirun (a sweep's trials, SLURM jobs from ``-m``),
+    ``<task_name>-<sweep folder name>``, the same for every job, so that dashboards group them; None for a single
+    run, and where no Hydra app is running (configs composed by ``compose``)."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return f"{task_name}-{Path(HydraConfig.get().sweep.dir).name}"
+
+
 def register_resolvers() -> None:
     # cached like ${now:}: resolved once per config, and Hydra copies the cache into each multirun job's config
     OmegaConf.register_new_resolver("job_id_or_now", job_id_or_now, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("on_rank_zero", on_rank_zero, replace=True)
+    OmegaConf.register_new_resolver("sweep_group", sweep_group, replace=True)
