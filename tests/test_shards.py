@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -110,6 +111,26 @@ def test_prepare_reads_a_single_file_by_paragraph_byte_ranges_never_whole(tmp_pa
     ranges = sorted(reference for _, documents, _ in tasks for reference, _ in documents)
     texts = [data[start:end].decode().replace("\r\n", "\n") + "\n\n" for start, end in ranges]
     assert texts == paragraphs and len(paragraphs) > 100
+
+
+def test_a_single_file_read_line_by_line_has_the_paragraphs_of_its_whole_text(tmp_path):
+    path = tmp_path / "book.txt"
+    # blank lines of spaces, tabs, form feeds and no-break spaces; \r\n and lone \r; blank lines first and last
+    text = "\n \nOne\r\nline two  \n\t\n\n two\r\r\x0c\r\nthree\xa0\n\xa0\n\u00e9t\u00e9 \u6771\n\nfour\n \n"
+    path.write_bytes(text.encode())
+    whole = path.read_text(encoding="utf-8")  # as Python reads text: \r\n and \r become \n
+    paragraphs = [p + "\n\n" for p in re.split(r"\n\s*\n", whole) if p.strip()]
+    assert len(paragraphs) == 5
+    assert [text for _, text in load_documents(CorpusSpec(source="path", path=str(path)))] == paragraphs
+
+
+def test_a_single_file_whose_line_breaks_are_not_ascii_bytes_is_refused_naming_the_fix(tmp_path):
+    path = tmp_path / "book.txt"
+    path.write_text("One.\n\nTwo.\n", encoding="utf-16")
+    with pytest.raises(
+        ValueError, match="convert it to UTF-8 .iconv -f utf-16 -t utf-8. or move it into a folder"
+    ):
+        load_documents(CorpusSpec(source="path", path=str(path), encoding="utf-16"))
 
 
 def test_each_rank_reads_a_disjoint_part_of_every_epoch_and_workers_read_the_same_batches(pydoc_shards):

@@ -127,16 +127,17 @@ def _corpus_path(path: str | None, encoding: str) -> Path:
 def _paragraphs(file: Path, encoding: str) -> Iterator[tuple[tuple[int, int], str]]:
     """The byte range and text of each paragraph of the file with text, read one line at a time. The paragraphs are
     the pieces that ``re.split(r"\\n\\s*\\n", text)`` cuts from the file's decoded text: a line of whitespace that
-    ends in a line break and follows another ends a paragraph (without the line break before it), and the lines of
-    whitespace after it belong to no paragraph."""
+    follows another line and ends in a line break ends a paragraph (without the line break before it), and the
+    lines of whitespace after it belong to no paragraph."""
     try:
         ascii_line_breaks = b"\r\n \t".decode(encoding) == "\r\n \t"
     except UnicodeDecodeError:
         ascii_line_breaks = False
     if not ascii_line_breaks:
         raise ValueError(
-            f"Corpus file {file} is read line by line, which {encoding} text (line breaks of several bytes) cannot "
-            f"be; convert it to UTF-8 (iconv -f {encoding} -t utf-8) or put it in a folder as data.corpus.path"
+            f"Corpus file {file} is {encoding} text, whose line breaks are not the ASCII bytes a single-file corpus "
+            f"is split at; convert it to UTF-8 (iconv -f {encoding} -t utf-8) or move it into a folder and set "
+            "data.corpus.path=<folder>"
         )
     check = _DecodingCheck(file, encoding)
     lines: list[str] = []  # the paragraph's lines so far, a character per byte
