@@ -14,6 +14,7 @@ import torch
 from hydra.core.global_hydra import GlobalHydra
 
 from lit_transformers.data import CausalLMDataModule, CorpusSpec, load_documents, token_stream
+from lit_transformers.data.corpus import document_index, read_document
 from lit_transformers.data.loaders import ResumableSampler, make_loader
 from lit_transformers.prepare import prepare
 from lit_transformers.utils.config import ConfigError
@@ -131,6 +132,23 @@ def test_a_single_file_whose_line_breaks_are_not_ascii_bytes_is_refused_naming_t
         ValueError, match="convert it to UTF-8 .iconv -f utf-16 -t utf-8. or move it into a folder"
     ):
         load_documents(CorpusSpec(source="path", path=str(path), encoding="utf-16"))
+
+
+def test_a_hub_corpus_is_read_row_by_row_never_as_a_whole_column(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    texts = [f"Row {i}." if i % 7 else "  " for i in range(2500)]  # a few batches of rows, some without text
+    datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "saved"))
+    column_or_rows = datasets.Dataset.__getitem__
+
+    def rows_only(self, key):
+        assert not isinstance(key, str), f"the whole {key!r} column was read"
+        return column_or_rows(self, key)
+
+    monkeypatch.setattr(datasets.Dataset, "__getitem__", rows_only)
+    spec = CorpusSpec(source="hub", name=str(tmp_path / "saved"))
+    index = document_index(spec)
+    assert [doc_id for doc_id, _, _ in index] == [f"{spec.name}:{i}" for i in range(2500) if i % 7]
+    assert [read_document(spec, row) for _, row, _ in index] == [t for t in texts if t.strip()]
 
 
 def test_each_rank_reads_a_disjoint_part_of_every_epoch_and_workers_read_the_same_batches(pydoc_shards):
