@@ -1,5 +1,11 @@
-"""The InstructGPT chain in one command: pretrain -> SFT -> reward model -> PPO (and DPO), each stage a normal
-``train.py`` run in its own subdirectory, each stage's best checkpoint feeding the next.
+"""The InstructGPT chain in one command: pretrain -> SFT -> label -> reward model -> PPO (and DPO), each training
+stage a normal ``train.py`` run in its own subdirectory, each stage's best checkpoint feeding the next.
+
+``label`` plays InstructGPT's labelers: the SFT policy samples several responses to every prompt, the judge ranks
+them (with the right answer and a corrupted one), and every pair of different verdicts becomes a TRL preference
+record (``prompt``/``chosen``/``rejected``) in ``<run>/label/comparisons.jsonl``, which the reward model and DPO
+train on. Pairs made only from synthetic corruptions teach a reward model the corruptions, not the policy's own
+mistakes, and PPO then has nothing true to climb (README: PPO without the label stage).
 
     python -m lit_transformers.instructgpt                                  # the whole chain
     python -m lit_transformers.instructgpt 'stages=[pretrain,sft,reward,ppo,dpo]'
@@ -19,18 +25,24 @@ import time
 from pathlib import Path
 
 import hydra
+import torch
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lit_transformers.tasks import SFTTask
+from lit_transformers.tasks.instruct import decode_responses, rollout
+from lit_transformers.text import left_pad
+from lit_transformers.text.instructions import judge
 from lit_transformers.train import train
 from lit_transformers.utils.config import ConfigError, check_required, check_types
 from lit_transformers.utils.errors import report_user_errors
 
 log = logging.getLogger(__name__)
 
-PARENTS = {"pretrain": None, "sft": "pretrain", "reward": "sft", "ppo": "sft", "dpo": "sft"}
+PARENTS = {"pretrain": None, "sft": "pretrain", "label": "sft", "reward": "sft", "ppo": "sft", "dpo": "sft"}
 
 
 def stage_overrides(stage: str, done: dict[str, dict]) -> list[str]:
@@ -40,6 +52,8 @@ def stage_overrides(stage: str, done: dict[str, dict]) -> list[str]:
         return []
     ckpt = done[parent]["checkpoint"]
     overrides = [f"data.tokenizer_path='{ckpt}'"]
+    if stage in ("reward", "dpo") and "label" in done:
+        overrides += ["data.source=jsonl", f"data.path='{done['label']['comparisons']}'", "data.pool=all"]
     if stage == "ppo":
         if "reward" not in done:
             raise ConfigError("The ppo stage needs the reward stage before it in chain stages")
@@ -70,6 +84,71 @@ def compose_stage(overrides: list[str], output_dir: Path) -> DictConfig:
     return cfg
 
 
+@torch.no_grad()
+def label_comparisons(
+    policy_ckpt: str,
+    data_cfg: DictConfig,
+    out: Path,
+    samples_per_prompt: int,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+) -> dict[str, float]:
+    """The judge ranks ``samples_per_prompt`` responses of the policy to every prompt of every split, with the
+    record's right answer and its corruption; each two candidates with different graded scores make a pair.
+    Writes the pairs to ``out`` (JSONL, TRL's fields plus ``answer``) and returns counts and the samples' mean
+    judge scores."""
+    data = instantiate(data_cfg, format="sft", _convert_="all")
+    data.setup()
+    tok = data.tokenizer
+    policy = SFTTask.load_from_checkpoint(policy_ckpt, map_location="cpu", weights_only=True).model
+    generator = torch.Generator().manual_seed(seed)
+    stats = {"pairs": 0.0, "sample_judge_exact": 0.0, "sample_judge_score": 0.0}
+    n_samples = 0
+    tmp = out.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for split, records in data.records().items():
+            if any(r.get("answer") is None for r in records):
+                raise ValueError(
+                    f"The label stage needs an answer in every record for the judge ({split} split lacks some);"
+                    " bring your own comparisons with data.source=jsonl in the reward and dpo stages instead"
+                )
+            items = data.datasets[split]
+            for start in range(0, len(items), 64):
+                chunk = records[start : start + 64]
+                ids, mask = left_pad(
+                    [it["prompt"] for it in items[start : start + 64]] * samples_per_prompt, tok.pad_id
+                )
+                out_ = rollout(policy, tok, ids, mask, max_new_tokens, temperature, generator)
+                texts = decode_responses(tok, out_.responses, out_.response_mask)
+                for i, record in enumerate(chunk):
+                    samples = texts[i :: len(chunk)]
+                    verdicts = [judge(t, record["answer"]) for t in samples]
+                    stats["sample_judge_exact"] += sum(v[0] for v in verdicts)
+                    stats["sample_judge_score"] += sum(v[1] for v in verdicts)
+                    n_samples += len(samples)
+                    scored = {
+                        t: judge(t, record["answer"])[1]
+                        for t in [record["completion"], record["rejected"], *samples]
+                    }
+                    for better, s_better in scored.items():
+                        for worse, s_worse in scored.items():
+                            if s_better > s_worse:
+                                pair = {
+                                    "prompt": record["prompt"],
+                                    "chosen": better,
+                                    "rejected": worse,
+                                    "answer": record["answer"],
+                                    "split": split,
+                                }
+                                f.write(json.dumps(pair) + "\n")
+                                stats["pairs"] += 1
+    tmp.replace(out)
+    stats["sample_judge_exact"] /= n_samples
+    stats["sample_judge_score"] /= n_samples
+    return stats
+
+
 def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
     run_dir = Path(cfg.run_dir)
     done: dict[str, dict] = {}
@@ -91,7 +170,18 @@ def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
         spec = cfg.stage_configs[stage]
         overrides = [*spec, *cfg.common, *stage_overrides(stage, done)]
         log.info("Chain: stage %s -> %s\n  overrides: %s", stage, stage_dir, " ".join(overrides))
-        metrics = train(compose_stage(overrides, stage_dir))
+        stage_cfg = compose_stage(overrides, stage_dir)
+        if stage == "label":
+            if "sft" not in done:
+                raise ConfigError("The label stage samples the SFT policy: put sft before it in chain stages")
+            comparisons = stage_dir / "comparisons.jsonl"
+            counts = label_comparisons(
+                done["sft"]["checkpoint"], stage_cfg.data, comparisons, **cfg.label, seed=stage_cfg.seed
+            )
+            done[stage] = {"comparisons": str(comparisons), "test": counts}
+            marker.write_text(json.dumps(done[stage], indent=2))
+            continue
+        metrics = train(stage_cfg)
         checkpoint = best_checkpoint(stage_dir)
         if checkpoint is None:
             raise RuntimeError(f"Stage {stage} wrote no checkpoint in {stage_dir / 'checkpoints'}")

@@ -11,9 +11,16 @@ import lightning as L
 import pytest
 import torch
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LambdaCallback
 from omegaconf import OmegaConf
 
-from lit_transformers.data.instructions import InstructionDataModule, collate, read_hub, read_jsonl
+from lit_transformers.data.instructions import (
+    InstructionDataModule,
+    collate,
+    read_hub,
+    read_jsonl,
+    split_records,
+)
 from lit_transformers.instructgpt import chain
 from lit_transformers.models import GPT, GPTConfig, ScalarGPT
 from lit_transformers.nn import IGNORE_INDEX, token_cross_entropy
@@ -64,7 +71,7 @@ def test_corruptions_are_plausible_and_never_right():
         for _ in range(50):
             words = [rng.choice(WORDS) for _ in range(rng.randint(2, 4))]
             answer = TASKS[kind][1](words)
-            wrong = corrupt(answer, kind, WORDS, rng)
+            wrong = corrupt(answer, kind, words, WORDS, rng)
             assert wrong != answer and judge(" ".join(wrong), " ".join(answer))[0] == 0.0
     examples = make_examples(WORDS, 100, seed=1)
     assert len({e["prompt"] for e in examples}) == 100
@@ -79,6 +86,27 @@ def test_malformed_jsonl_names_file_and_line(tmp_path):
     path.write_text('{"prompt": "a"}\n{oops\n')
     with pytest.raises(ValueError, match=r"pairs.jsonl:2: not valid JSON"):
         read_jsonl(path, ("prompt",))
+
+
+def test_prompt_pools_are_disjoint_shares_of_train_and_a_split_field_overrides_the_hash():
+    records = [{"prompt": f"p{i}", "answer": "a"} for i in range(400)]
+    records += [{"prompt": "p7", "answer": "b"}]  # a second record of one prompt stays with its first
+    shares = {"sft": 0.25, "preference": 0.5, "rl": 0.25}
+    whole = split_records(records, 0.1, 0.1, seed=0)
+    pools = {name: split_records(records, 0.1, 0.1, 0, name, shares) for name in shares}
+    for part in pools.values():  # val and test are every stage's
+        assert part["val"] == whole["val"] and part["test"] == whole["test"]
+    train = [{r["prompt"] for r in pools[name]["train"]} for name in shares]
+    assert sum(map(len, train)) == len({r["prompt"] for r in whole["train"]})  # disjoint, covering train
+    assert set().union(*train) == {r["prompt"] for r in whole["train"]}
+    assert [len(t) for t in train] == [80, 160, 80]
+    assert sum(r["prompt"] == "p7" for part in whole.values() for r in part) == 2
+    assert len({split for split, part in whole.items() for r in part if r["prompt"] == "p7"}) == 1
+    # records that name their split keep it, whatever the hash says
+    given = [r | {"split": "test" if i < 3 else "train"} for i, r in enumerate(records[:10])]
+    assert [r["prompt"] for r in split_records(given, 0.1, 0.1, 0)["test"]] == ["p0", "p1", "p2"]
+    with pytest.raises(ValueError, match=r"record 1: split='dev'"):
+        split_records([given[0], given[1] | {"split": "dev"}], 0.1, 0.1, 0)
 
 
 def test_jsonl_records_in_trl_format_become_batches(tmp_path):
@@ -283,6 +311,35 @@ def test_ppo_ratio_is_one_on_the_first_minibatch_and_frozen_models_get_no_gradie
     torch.testing.assert_close(exp["scores"], raw - 3.0 * (~exp["has_eos"]).float())
 
 
+def test_dpo_computes_each_reference_logprob_once(compose_cfg):
+    cfg = _stage_cfg(compose_cfg, "gpt_dpo", "data.n_examples=40", "data.pool=all")
+    datamodule = instantiate(cfg.data, _convert_="all")
+    task = instantiate(cfg.task, _recursive_=False, _convert_="all")
+    calls = []
+    count_reference_calls = LambdaCallback(
+        on_train_start=lambda _, task: task.reference.register_forward_hook(lambda *_: calls.append(1))
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[count_reference_calls],
+    )
+    trainer.fit(task, datamodule=datamodule)
+    n_train = len(datamodule.datasets["train"])
+    assert trainer.global_step == 2 * -(-n_train // 4)  # two epochs of batches of 4 pairs...
+    assert len(calls) == -(-n_train // 4)  # ...and the reference ran in the first only
+    batch = datamodule.collate(datamodule.datasets["train"][:4])
+    with torch.no_grad():
+        direct = torch.stack(task._sequence_logprobs(task.reference, batch), 1)
+    cached = torch.stack([task.reference_cache[("train", i)] for i in range(4)])
+    torch.testing.assert_close(cached, direct)
+
+
 def test_ppo_under_ddp_cpu(tmp_path):
     result = train_cli(
         "experiment=gpt_ppo",
@@ -304,7 +361,8 @@ def test_chain_runs_every_stage_feeds_the_next_and_resumes(tmp_path, cache_dir, 
     cfg = OmegaConf.load(REPO / "lit_transformers" / "conf" / "instructgpt.yaml")
     del cfg["hydra"]
     cfg.run_dir = str(tmp_path / "run")
-    cfg.stages = ["pretrain", "sft", "reward", "ppo", "dpo"]
+    cfg.stages = ["pretrain", "sft", "label", "reward", "ppo", "dpo"]
+    cfg.label.max_new_tokens = 4
     cfg.common = [
         *TINY,
         f"paths.cache_dir={cache_dir}",
@@ -312,13 +370,21 @@ def test_chain_runs_every_stage_feeds_the_next_and_resumes(tmp_path, cache_dir, 
         "trainer.val_check_interval=2",
     ]
     cfg.stage_configs.pretrain = ["data.vocab_size=300"]
-    for stage in ("sft", "reward", "ppo", "dpo"):
+    for stage in ("sft", "label", "reward", "ppo", "dpo"):
         cfg.stage_configs[stage] = [*cfg.stage_configs[stage], "data.n_examples=120"]
-        if stage != "reward":
+        if stage in ("sft", "ppo", "dpo"):
             cfg.stage_configs[stage].append("task.max_new_tokens=4")
     summary = chain(cfg)
-    assert list(summary) == ["pretrain", "sft", "reward", "ppo", "dpo"]
+    assert list(summary) == ["pretrain", "sft", "label", "reward", "ppo", "dpo"]
     assert {"judge_score", "judge_exact"} <= set(summary["sft"]) and "accuracy" in summary["reward"]
+    # the judge ranked the SFT policy's samples: every pair prefers the better verdict; RM and DPO train on them
+    comparisons = tmp_path / "run" / "label" / "comparisons.jsonl"
+    pairs = [json.loads(line) for line in comparisons.read_text().splitlines()]
+    assert len(pairs) == summary["label"]["pairs"] and {p["split"] for p in pairs} == {"train", "val", "test"}
+    assert all(judge(p["chosen"], p["answer"])[1] > judge(p["rejected"], p["answer"])[1] for p in pairs)
+    for stage in ("reward", "dpo"):
+        data = OmegaConf.load(tmp_path / "run" / stage / "config_resolved.yaml").data
+        assert data.source == "jsonl" and data.path == str(comparisons)
     assert {"rm_score", "kl", "judge_score"} <= set(summary["ppo"])
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
     ppo_config = OmegaConf.load(tmp_path / "run" / "ppo" / "config_resolved.yaml")
@@ -327,7 +393,7 @@ def test_chain_runs_every_stage_feeds_the_next_and_resumes(tmp_path, cache_dir, 
     assert "reward" in ppo_config.init_from.reward
     # resume after an unfinished ppo: finished stages are skipped, ppo runs again in a fresh folder
     (tmp_path / "run" / "ppo" / "stage.json").unlink()
-    cfg.stages = ["pretrain", "sft", "reward", "ppo"]
+    cfg.stages = ["pretrain", "sft", "label", "reward", "ppo"]
     again = chain(cfg)
     assert again["sft"] == summary["sft"] and "ppo" in again and "dpo" not in again
     assert len(list((tmp_path / "run").glob("ppo.incomplete-*"))) == 1

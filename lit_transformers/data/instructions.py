@@ -28,12 +28,20 @@ import torch
 from lit_transformers.data.checks import check_batch_size
 from lit_transformers.data.corpus import CorpusSpec, load_documents, load_hub_dataset
 from lit_transformers.data.loaders import CollatedSplits
-from lit_transformers.text import IGNORE_INDEX, Tokenizer, left_pad, pad_pairs, right_pad, split_by_fractions
+from lit_transformers.text import (
+    IGNORE_INDEX,
+    Tokenizer,
+    hashed_order,
+    left_pad,
+    pad_pairs,
+    right_pad,
+    split_by_fractions,
+)
 from lit_transformers.text.instructions import make_examples
 
 log = logging.getLogger(__name__)
 
-DATA_VERSION = 2  # bump when the embedded examples change: keys the cached tokenizer
+DATA_VERSION = 3  # bump when the embedded examples change: keys the cached tokenizer
 FIELDS = {"sft": ("prompt", "completion"), "pairs": ("prompt", "chosen", "rejected"), "prompts": ("prompt",)}
 
 
@@ -89,6 +97,50 @@ def read_hub(name: str, subset: str | None, split: str, fields: tuple[str, ...])
     return check_records([dict(row) for row in dataset], fields, name, lambda i: f"{name}[{i}]")
 
 
+SPLITS = ("train", "val", "test")
+
+
+def split_records(
+    records: list[dict],
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+    pool: str = "all",
+    pool_shares: dict[str, float] | None = None,
+) -> dict[str, list[dict]]:
+    """Records per split: by their ``split`` field when every record has one, else by a seeded hash of the
+    prompt (all records of a prompt in one split). ``pool`` keeps that share of the training prompts: ranked by
+    another hash and cut in the order of ``pool_shares``, the pools are disjoint and the same in every stage, as
+    InstructGPT's separate SFT, reward-model and PPO prompt sets (PPO then trains on prompts SFT never saw)."""
+    given = [r.get("split") for r in records]
+    if any(g is not None for g in given):
+        bad = next((i for i, g in enumerate(given) if g not in SPLITS), None)
+        if bad is not None:
+            raise ValueError(
+                f"record {bad}: split={given[bad]!r}; give every record a split in {SPLITS}, or none"
+            )
+        prompts_of = {name: sorted({r["prompt"] for r in records if r["split"] == name}) for name in SPLITS}
+    else:
+        prompts = sorted({r["prompt"] for r in records})
+        parts = split_by_fractions(prompts, val_fraction, test_fraction, seed, what="prompts")
+        prompts_of = {name: [prompts[i] for i in idx] for name, idx in parts.items()}
+    if pool != "all":
+        train, start = prompts_of["train"], 0.0
+        ranked = [train[i] for i in hashed_order(train, f"pool:{seed}")]
+        for name, share in (pool_shares or {}).items():
+            if name == pool:
+                prompts_of["train"] = ranked[
+                    round(start * len(ranked)) : round((start + share) * len(ranked))
+                ]
+            start += share
+        if not prompts_of["train"]:
+            raise ValueError(
+                f"data.pool={pool} holds no training prompts; raise data.n_examples or its share"
+            )
+    split_of = {p: name for name, prompts in prompts_of.items() for p in prompts}
+    return {name: [r for r in records if split_of.get(r["prompt"]) == name] for name in SPLITS}
+
+
 def pack(
     sequences: list[list[int]], labels: list[list[int]], width: int, pad_id: int
 ) -> dict[str, torch.Tensor]:
@@ -128,12 +180,14 @@ def pack(
 
 def collate(items: list[dict], format: str, pad_id: int, packing: bool = False, width: int = 0) -> dict:
     """Token lists -> tensors: always ``prompt_ids``/``prompt_mask`` (left-padded) and ``answers`` (for the
-    judge; None without), plus ``input_ids``/``labels`` (sft, prompt labels IGNORE_INDEX) or
+    judge; None without), ``index`` (each item's position in its split) when the items carry one, plus ``input_ids``/``labels`` (sft, prompt labels IGNORE_INDEX) or
     ``pair_ids``/``pair_mask``/``response_mask`` (pairs: chosen rows first, then rejected)."""
     batch: dict = {}
     batch["prompt_ids"], batch["prompt_mask"] = left_pad([it["prompt"] for it in items], pad_id)
     answers = [it.get("answer") for it in items]
     batch["answers"] = answers if all(a is not None for a in answers) else None
+    if all("index" in it for it in items):
+        batch["index"] = torch.tensor([it["index"] for it in items])
     if format == "sft" and packing:
         sequences = [(it["prompt"] + it["completion"])[:-1] for it in items]
         labels = [
@@ -169,7 +223,9 @@ class InstructionDataModule(CollatedSplits):
         subset: str | None = None,
         split: str = "train",
         kinds: list[str] | None = None,
-        n_examples: int = 4000,
+        n_examples: int = 16000,
+        pool: str = "all",
+        pool_shares: dict[str, float] | None = None,
         min_words: int = 2,
         max_words: int = 4,
         n_words: int = 48,
@@ -191,9 +247,14 @@ class InstructionDataModule(CollatedSplits):
         check_batch_size(batch_size)
         if format not in FIELDS:
             raise ValueError(f"data.format={format!r}: choose one of {sorted(FIELDS)}")
-        if source not in ("embedded", "jsonl"):
+        shares = pool_shares or {}
+        if pool != "all" and pool not in shares:
+            raise ValueError(f"data.pool={pool!r}: choose all or one of data.pool_shares {sorted(shares)}")
+        if shares and abs(sum(shares.values()) - 1) > 1e-6:
+            raise ValueError(f"data.pool_shares {dict(shares)} must add up to 1")
+        if source not in ("embedded", "jsonl", "hub"):
             raise ValueError(
-                f"data.source={source!r}: choose embedded or jsonl (with data.path=<file.jsonl>)"
+                f"data.source={source!r}: choose embedded, jsonl (with data.path=<file.jsonl>) or hub"
             )
         self.save_hyperparameters()
         self.tokenizer: Tokenizer | None = None
@@ -201,7 +262,7 @@ class InstructionDataModule(CollatedSplits):
         self._records: dict[str, list[dict]] | None = None
 
     def records(self) -> dict[str, list[dict]]:
-        """Text records per split (split by a hash of the prompt, the same on every rank and run)."""
+        """Text records per split (:func:`split_records`: the same on every rank and run)."""
         if self._records is None:
             h = self.hparams
             if h.source == "embedded":
@@ -214,14 +275,10 @@ class InstructionDataModule(CollatedSplits):
                 if not h.path:
                     raise ValueError("data.source=hub needs data.path=<dataset name or save_to_disk folder>")
                 records = read_hub(h.path, h.subset, h.split, FIELDS[h.format])
-            parts = split_by_fractions(
-                [r["prompt"] for r in records], h.val_fraction, h.test_fraction, h.seed
-            )
+            parts = split_records(records, h.val_fraction, h.test_fraction, h.seed, h.pool, h.pool_shares)
             # each split in a seeded random order: a prefix (limit_val_batches) mixes every kind of task
             order = random.Random(h.seed)
-            self._records = {
-                name: order.sample([records[i] for i in idx], len(idx)) for name, idx in parts.items()
-            }
+            self._records = {name: order.sample(part, len(part)) for name, part in parts.items()}
         return self._records
 
     def tokenizer_cache(self) -> Path:
@@ -236,6 +293,8 @@ class InstructionDataModule(CollatedSplits):
             h.max_words,
             h.n_words,
             h.corpus,
+            h.pool,
+            h.pool_shares,
         ]
         identity += [h.tokenizer, h.vocab_size, h.val_fraction, h.test_fraction, h.seed]
         if h.source == "jsonl" and Path(h.path).is_file():
@@ -276,7 +335,7 @@ class InstructionDataModule(CollatedSplits):
         for name, records in self.records().items():
             if not records:
                 raise ValueError(f"The {name} split is empty; raise data.val_fraction/data.test_fraction")
-            self.datasets[name] = [self.encode(r) for r in records]
+            self.datasets[name] = [self.encode(r) | {"index": i} for i, r in enumerate(records)]
         h = self.hparams
         self.collate = partial(
             collate, format=h.format, pad_id=self.tokenizer.pad_id, packing=h.packing, width=h.max_length

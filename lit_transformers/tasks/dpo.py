@@ -23,8 +23,9 @@ class DPOTask(PolicyEvaluation, Task):
     ``max_new_tokens`` and ``temperature`` of the judged greedy responses and their KL; the rest as in
     :class:`Task`. ``init_from``: the SFT checkpoint, which initialises both policy and reference.
 
-    The reference's log-probs come from a no-grad forward of the frozen reference in the same step: one
-    pass over the data computes each exactly once (TRL's ``precompute_ref_log_probs`` trades that for memory).
+    The frozen reference's summed log-probs are computed once per pair (keyed by the batch's ``index`` in its
+    split) and reused in later epochs and validations, as TRL's ``precompute_ref_log_probs``, but lazily: the
+    first time a pair comes up, not in a pass before training.
     """
 
     frozen = ("reference",)
@@ -41,6 +42,7 @@ class DPOTask(PolicyEvaluation, Task):
         model = config_spec(model)
         super().__init__(**task_args)
         self.eval_metrics = self.make_eval_metrics()
+        self.reference_cache: dict[tuple[str, int], torch.Tensor] = {}  # (split, index) -> (chosen, rejected)
 
     def build_models(self) -> dict:
         policy = GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
@@ -61,11 +63,19 @@ class DPOTask(PolicyEvaluation, Task):
         logp = token_logprobs(model, batch["pair_ids"], batch["pair_mask"])  # (2B, T-1), token t+1 given <= t
         return (logp * batch["response_mask"][:, 1:]).sum(1).chunk(2)
 
+    @torch.no_grad()
+    def _reference_logprobs(self, batch, stage: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reference's summed log-probs of chosen (B,) and rejected (B,), each pair computed once."""
+        keys = [(stage, int(i)) for i in batch["index"]]
+        if not all(key in self.reference_cache for key in keys):
+            chosen, rejected = self._sequence_logprobs(self.reference, batch)
+            self.reference_cache.update(zip(keys, torch.stack([chosen, rejected], 1)))
+        return torch.stack([self.reference_cache[key] for key in keys]).unbind(1)
+
     def _step(self, batch, stage: str) -> torch.Tensor:
         h = self.hparams
         policy_chosen, policy_rejected = self._sequence_logprobs(self.policy, batch)
-        with torch.no_grad():
-            ref_chosen, ref_rejected = self._sequence_logprobs(self.reference, batch)
+        ref_chosen, ref_rejected = self._reference_logprobs(batch, stage)
         losses, chosen, rejected = dpo_loss(
             policy_chosen, policy_rejected, ref_chosen, ref_rejected, h.beta, h.label_smoothing
         )

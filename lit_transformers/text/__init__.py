@@ -4,7 +4,7 @@ BERT's sentence pairs and masking."""
 from lit_transformers.nn.losses import IGNORE_INDEX
 from lit_transformers.text.batching import eos_terminated, left_pad, pad_pairs, right_pad
 from lit_transformers.text.mlm import SentencePair, build_nsp_pairs, mask_tokens, pack_pair, split_sentences
-from lit_transformers.text.splits import split_by_fractions
+from lit_transformers.text.splits import hashed_order, split_by_fractions
 from lit_transformers.text.tokenizer import (
     BERT_SPECIAL_TOKENS,
     MARIAN_SPECIAL_TOKENS,
@@ -26,6 +26,7 @@ __all__ = [
     "pack_pair",
     "pad_pairs",
     "right_pad",
+    "hashed_order",
     "split_by_fractions",
     "split_sentences",
 ]

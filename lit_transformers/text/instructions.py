@@ -9,6 +9,7 @@ to approximate; the stages report both. Pure Python: the datamodule makes exampl
 
 from __future__ import annotations
 
+import difflib
 import random
 from collections.abc import Sequence
 
@@ -20,7 +21,6 @@ TASKS = {
     "last": ("Repeat the last word of", lambda words: [words[-1]]),
     "first": ("Repeat the first word of", lambda words: [words[0]]),
 }
-CORRUPTIONS = ("wrong_word", "wrong_order", "truncated", "extra_text", "repeated")
 
 
 def make_prompt(kind: str, words: Sequence[str]) -> str:
@@ -30,7 +30,7 @@ def make_prompt(kind: str, words: Sequence[str]) -> str:
 def make_example(kind: str, words: Sequence[str], vocabulary: Sequence[str], rng: random.Random) -> dict:
     """One record: prompt, completion (correct), chosen (= completion), rejected (a corruption), answer, kind."""
     answer = TASKS[kind][1](list(words))
-    rejected = corrupt(answer, kind, vocabulary, rng)
+    rejected = corrupt(answer, kind, words, vocabulary, rng)
     completion = " " + " ".join(answer)
     return {
         "prompt": make_prompt(kind, words),
@@ -42,23 +42,37 @@ def make_example(kind: str, words: Sequence[str], vocabulary: Sequence[str], rng
     }
 
 
-def corrupt(answer: list[str], kind: str, vocabulary: Sequence[str], rng: random.Random) -> list[str]:
-    """A plausible wrong answer, never equal to the right one."""
+def corrupt(
+    answer: list[str], kind: str, words: Sequence[str], vocabulary: Sequence[str], rng: random.Random
+) -> list[str]:
+    """A plausible wrong answer, never equal to the right one. Besides the easy mistakes (a word that is not in
+    the prompt, extra text, truncation) the corruptions include the ones a small model makes: a similar word
+    ("method" for "methods"), another word of the prompt in a word's place, a swapped pair, a word on repeat.
+    A reward model that never saw those as rejected scores them high, and PPO learns to produce them."""
     if kind == "count":
         n = int(answer[0])
         return [str(n + rng.choice([d for d in (-2, -1, 1, 2) if n + d > 0]))]
-    choices = ["wrong_word", "extra_text", "repeated"]
+    choices = ["wrong_word", "similar_word", "extra_text", "repeated"]
+    if any(w != answer[0] for w in words):
+        choices += ["prompt_word"]
+    if len(set(answer)) > 1:
+        choices += ["wrong_order"]
     if len(answer) > 1:
-        choices += ["truncated"] + (["wrong_order"] if len(set(answer)) > 1 else [])
+        choices += ["truncated"]
     how = rng.choice(choices)
     out = list(answer)
+    i = rng.randrange(len(out))
     if how == "wrong_word":
-        i = rng.randrange(len(out))
         out[i] = rng.choice([w for w in vocabulary if w != out[i]])
+    elif how == "similar_word":
+        others = [w for w in vocabulary if w != out[i]]
+        out[i] = rng.choice(difflib.get_close_matches(out[i], others, n=3, cutoff=0.5) or others)
+    elif how == "prompt_word":  # another word of the prompt takes this one's place (one doubled, one missing)
+        out[i] = rng.choice([w for w in words if w != out[i]])
     elif how == "wrong_order":
         while out == answer:
-            i = rng.randrange(len(out) - 1)
-            out[i], out[i + 1] = out[i + 1], out[i]
+            j = rng.randrange(len(out) - 1)
+            out[j], out[j + 1] = out[j + 1], out[j]
     elif how == "truncated":
         out = out[: rng.randrange(1, len(out))]
     elif how == "repeated":  # a word stuck on repeat: the reward hack PPO found when this was missing
