@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 
 
 class DPOTask(PolicyEvaluation, Task):
-    """Args: ``model`` (GPT config spec), ``beta`` (0.1), ``label_smoothing`` (conservative DPO),
+    """Args: ``model`` (GPT config spec), ``beta`` (0.1), ``label_smoothing`` (conservative DPO), ``rpo_alpha``
+    (TRL's: adds ``alpha`` times the chosen responses' per-token NLL, Pang et al. 2024, which keeps DPO from
+    lowering the chosen responses' likelihood with the rejected ones'),
     ``max_new_tokens`` and ``temperature`` of the judged greedy responses and their KL; the rest as in
     :class:`Task`. ``init_from``: the SFT checkpoint, which initialises both policy and reference.
 
@@ -35,6 +37,7 @@ class DPOTask(PolicyEvaluation, Task):
         model: dict | GPTConfig,
         beta: float = 0.1,
         label_smoothing: float = 0.0,
+        rpo_alpha: float | None = None,
         max_new_tokens: int = 16,
         temperature: float = 1.0,
         **task_args,
@@ -80,6 +83,9 @@ class DPOTask(PolicyEvaluation, Task):
             policy_chosen, policy_rejected, ref_chosen, ref_rejected, h.beta, h.label_smoothing
         )
         loss = losses.mean()
+        if h.rpo_alpha:  # RPO: + alpha * NLL of the chosen responses, per token
+            chosen_tokens = batch["response_mask"][: len(policy_chosen), 1:].sum()
+            loss = loss - h.rpo_alpha * policy_chosen.sum() / chosen_tokens
         on_step = stage == "train"
         prefix = "" if on_step else f"{stage}/"  # TRL's names in training: rewards/chosen, ...
         for key, value in {
