@@ -5,11 +5,11 @@ stage a normal ``train.py`` run in its own subdirectory, each stage's best check
 them (with the right answer and a corrupted one), and every pair of different verdicts becomes a TRL preference
 record (``prompt``/``chosen``/``rejected``) in ``<run>/label/comparisons.jsonl``, which the reward model and DPO
 train on. Pairs made only from synthetic corruptions teach a reward model the corruptions, not the policy's own
-mistakes, and PPO then has nothing true to climb (README: PPO without the label stage).
+mistakes, and PPO then has nothing true to climb (README, InstructGPT results).
 
-    python -m lit_transformers.instructgpt                                  # the whole chain
-    python -m lit_transformers.instructgpt 'stages=[pretrain,sft,reward,ppo,dpo]'
-    python -m lit_transformers.instructgpt run_dir=<run>                    # resume after the last finished stage
+    lit-instructgpt                                         # the whole chain (= python -m lit_transformers.instructgpt)
+    lit-instructgpt 'stages=[pretrain,sft,label,reward,ppo,dpo]'
+    lit-instructgpt run_dir=<run>                           # resume after the last finished stage
 
 A finished stage writes ``<run>/<stage>/stage.json`` (its best checkpoint and test metrics), so a rerun on
 the same ``run_dir`` skips it; an unfinished stage's folder is moved aside and the stage starts again. A failing stage stops the chain with its error. At the end the chain prints
