@@ -96,13 +96,14 @@ def label_comparisons(
 ) -> dict[str, float]:
     """The judge ranks ``samples_per_prompt`` responses of the policy to every prompt of every split, with the
     record's right answer and its corruption; each two candidates with different graded scores make a pair.
-    Writes the pairs to ``out`` (JSONL, TRL's fields plus ``answer``) and returns counts and the samples' mean
-    judge scores."""
+    Writes the pairs to ``out`` (JSONL, TRL's fields plus ``answer`` and ``split``) and returns their count and
+    the samples' mean judge scores."""
     data = instantiate(data_cfg, format="sft", _convert_="all")
     data.setup()
     tok = data.tokenizer
-    policy = SFTTask.load_from_checkpoint(policy_ckpt, map_location="cpu", weights_only=True).model
-    generator = torch.Generator().manual_seed(seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    policy = SFTTask.load_from_checkpoint(policy_ckpt, map_location=device, weights_only=True).model
+    generator = torch.Generator(device).manual_seed(seed)
     stats = {"pairs": 0.0, "sample_judge_exact": 0.0, "sample_judge_score": 0.0}
     n_samples = 0
     tmp = out.with_suffix(".tmp")
@@ -119,7 +120,9 @@ def label_comparisons(
                 ids, mask = left_pad(
                     [it["prompt"] for it in items[start : start + 64]] * samples_per_prompt, tok.pad_id
                 )
-                out_ = rollout(policy, tok, ids, mask, max_new_tokens, temperature, generator)
+                out_ = rollout(
+                    policy, tok, ids.to(device), mask.to(device), max_new_tokens, temperature, generator
+                )
                 texts = decode_responses(tok, out_.responses, out_.response_mask)
                 for i, record in enumerate(chunk):
                     samples = texts[i :: len(chunk)]
@@ -128,9 +131,9 @@ def label_comparisons(
                     stats["sample_judge_score"] += sum(v[1] for v in verdicts)
                     n_samples += len(samples)
                     scored = {
-                        t: judge(t, record["answer"])[1]
-                        for t in [record["completion"], record["rejected"], *samples]
+                        t: judge(t, record["answer"])[1] for t in (record["completion"], record["rejected"])
                     }
+                    scored |= {t: v[1] for t, v in zip(samples, verdicts)}
                     for better, s_better in scored.items():
                         for worse, s_worse in scored.items():
                             if s_better > s_worse:
