@@ -180,8 +180,9 @@ def pack(
 
 def collate(items: list[dict], format: str, pad_id: int, packing: bool = False, width: int = 0) -> dict:
     """Token lists -> tensors: always ``prompt_ids``/``prompt_mask`` (left-padded) and ``answers`` (for the
-    judge; None without), ``index`` (each item's position in its split) when the items carry one, plus ``input_ids``/``labels`` (sft, prompt labels IGNORE_INDEX) or
-    ``pair_ids``/``pair_mask``/``response_mask`` (pairs: chosen rows first, then rejected)."""
+    judge; None without), ``index`` (each item's position in its split) when the items carry one, plus
+    ``input_ids``/``labels`` (sft, prompt labels IGNORE_INDEX) or ``pair_ids``/``pair_mask``/``response_mask``
+    (pairs: chosen rows first, then rejected)."""
     batch: dict = {}
     batch["prompt_ids"], batch["prompt_mask"] = left_pad([it["prompt"] for it in items], pad_id)
     answers = [it.get("answer") for it in items]
@@ -223,7 +224,7 @@ class InstructionDataModule(CollatedSplits):
         subset: str | None = None,
         split: str = "train",
         kinds: list[str] | None = None,
-        n_examples: int = 16000,
+        n_examples: int = 32000,
         pool: str = "all",
         pool_shares: dict[str, float] | None = None,
         min_words: int = 2,
@@ -237,8 +238,8 @@ class InstructionDataModule(CollatedSplits):
         max_length: int = 64,
         packing: bool = False,
         batch_size: int = 32,
-        val_fraction: float = 0.1,
-        test_fraction: float = 0.1,
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
         num_workers: int = 0,
         seed: int = 0,
         cache_dir: str = "~/.cache/lit_transformers",
