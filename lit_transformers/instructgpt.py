@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import hydra
@@ -84,6 +85,11 @@ def compose_stage(overrides: list[str], output_dir: Path) -> DictConfig:
     return cfg
 
 
+def ranked_pairs(scores: dict[str, float]) -> Iterator[tuple[str, str]]:
+    """(better, worse) for every two candidates whose scores differ."""
+    return ((b, w) for b, s_b in scores.items() for w, s_w in scores.items() if s_b > s_w)
+
+
 @torch.no_grad()
 def label_comparisons(
     policy_ckpt: str,
@@ -134,18 +140,16 @@ def label_comparisons(
                         t: judge(t, record["answer"])[1] for t in (record["completion"], record["rejected"])
                     }
                     scored |= {t: v[1] for t, v in zip(samples, verdicts)}
-                    for better, s_better in scored.items():
-                        for worse, s_worse in scored.items():
-                            if s_better > s_worse:
-                                pair = {
-                                    "prompt": record["prompt"],
-                                    "chosen": better,
-                                    "rejected": worse,
-                                    "answer": record["answer"],
-                                    "split": split,
-                                }
-                                f.write(json.dumps(pair) + "\n")
-                                stats["pairs"] += 1
+                    for better, worse in ranked_pairs(scored):
+                        pair = {
+                            "prompt": record["prompt"],
+                            "chosen": better,
+                            "rejected": worse,
+                            "answer": record["answer"],
+                            "split": split,
+                        }
+                        f.write(json.dumps(pair) + "\n")
+                        stats["pairs"] += 1
     tmp.replace(out)
     stats["sample_judge_exact"] /= n_samples
     stats["sample_judge_score"] /= n_samples

@@ -272,20 +272,26 @@ def test_every_stage_runs_fast_dev_run(compose_cfg, experiment):
     assert set(expected) <= set(metrics), sorted(metrics)
 
 
-def _fit_ppo(compose_cfg, *extra: str):
-    cfg = _stage_cfg(compose_cfg, "gpt_ppo", "task.num_ppo_epochs=2", "task.num_mini_batches=2", *extra)
+def _fit(cfg, **trainer_args):
+    """A stage's task fitted on its data by a quiet CPU trainer without validation -> (task, trainer, data)."""
     datamodule = instantiate(cfg.data, _convert_="all")
     task = instantiate(cfg.task, _recursive_=False, _convert_="all")
     trainer = L.Trainer(
         accelerator="cpu",
-        max_steps=4,
         logger=False,
         enable_checkpointing=False,
         limit_val_batches=0,
         enable_progress_bar=False,
         enable_model_summary=False,
+        **trainer_args,
     )
     trainer.fit(task, datamodule=datamodule)
+    return task, trainer, datamodule
+
+
+def _fit_ppo(compose_cfg, *extra: str):
+    cfg = _stage_cfg(compose_cfg, "gpt_ppo", "task.num_ppo_epochs=2", "task.num_mini_batches=2", *extra)
+    task, trainer, _ = _fit(cfg, max_steps=4)
     return task, trainer
 
 
@@ -313,23 +319,11 @@ def test_ppo_ratio_is_one_on_the_first_minibatch_and_frozen_models_get_no_gradie
 
 def test_dpo_computes_each_reference_logprob_once(compose_cfg):
     cfg = _stage_cfg(compose_cfg, "gpt_dpo", "data.n_examples=40", "data.pool=all")
-    datamodule = instantiate(cfg.data, _convert_="all")
-    task = instantiate(cfg.task, _recursive_=False, _convert_="all")
     calls = []
     count_reference_calls = LambdaCallback(
         on_train_start=lambda _, task: task.reference.register_forward_hook(lambda *_: calls.append(1))
     )
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        limit_val_batches=0,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[count_reference_calls],
-    )
-    trainer.fit(task, datamodule=datamodule)
+    task, trainer, datamodule = _fit(cfg, max_epochs=2, callbacks=[count_reference_calls])
     n_train = len(datamodule.datasets["train"])
     assert trainer.global_step == 2 * -(-n_train // 4)  # two epochs of batches of 4 pairs...
     assert len(calls) == -(-n_train // 4)  # ...and the reference ran in the first only
