@@ -154,6 +154,18 @@ class Task(L.LightningModule):
             self.hparams.tokenizer = tokenizer.state()
         return self.tokenizer
 
+    def check_hf_vocabulary(self, n_embeddings: int, what: str) -> None:
+        """After ``init_from_hf`` loaded ``what``: refuse a run tokenizer with more tokens than its ``n_embeddings``
+        rows, naming the fix (the checkpoint's own tokenizer)."""
+        path = self.hparams.init_from_hf
+        tokenizer = self.attach_tokenizer()
+        if tokenizer is not None and tokenizer.vocab_size > n_embeddings:
+            raise ValueError(
+                f"init_from_hf={path} has {n_embeddings} word embeddings but this run's tokenizer has "
+                f"{tokenizer.vocab_size} tokens; set data.tokenizer_path={path} to use the checkpoint's own"
+            )
+        log.info("init_from_hf: loaded the %s in %s", what, path)
+
     def attach_class_names(self) -> list[str]:
         """The class names of a classification task (its ``class_names`` argument): the datamodule's when
         training (then recorded in the hyperparameters, so checkpoints carry them), else the checkpoint's."""

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 import zlib
 
 import torch
 
 from lit_transformers.models import BERT, BERTConfig
 from lit_transformers.tasks.base import Task, config_spec
-
-log = logging.getLogger(__name__)
 
 
 class EncoderTask(Task):
@@ -34,15 +31,8 @@ class EncoderTask(Task):
 
     def build_bert(self) -> BERT:
         if self.hparams.init_from_hf:
-            path = self.hparams.init_from_hf
-            bert = BERT.from_hf(path, pretraining_heads=self.pretraining_heads)
-            tokenizer = self.attach_tokenizer()
-            if tokenizer is not None and tokenizer.vocab_size > bert.config.vocab_size:
-                raise ValueError(
-                    f"init_from_hf={path} has {bert.config.vocab_size} word embeddings but this run's tokenizer has "
-                    f"{tokenizer.vocab_size} tokens; set data.tokenizer_path={path} to use the checkpoint's own"
-                )
-            log.info("init_from_hf: loaded the BERT in %s", path)
+            bert = BERT.from_hf(self.hparams.init_from_hf, pretraining_heads=self.pretraining_heads)
+            self.check_hf_vocabulary(bert.config.vocab_size, "BERT")
             # checkpoints of this task rebuild the same architecture (hparams.model, set in __init__) without
             # the Hugging Face directory
             self.hparams.init_from_hf = None

@@ -67,15 +67,8 @@ class TranslationTask(Task):
 
     def build_model(self) -> Seq2SeqTransformer:
         if self.hparams.init_from_hf:
-            path = self.hparams.init_from_hf
-            model = Seq2SeqTransformer.from_hf(path)
-            tokenizer = self.attach_tokenizer()
-            if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
-                raise ValueError(
-                    f"init_from_hf={path} has {model.config.vocab_size} embeddings but this run's tokenizer has "
-                    f"{tokenizer.vocab_size} tokens; set data.tokenizer_path={path} to use the checkpoint's own"
-                )
-            log.info("init_from_hf: loaded the Marian model in %s", path)
+            model = Seq2SeqTransformer.from_hf(self.hparams.init_from_hf)
+            self.check_hf_vocabulary(model.config.vocab_size, "Marian model")
             self.hparams.init_from_hf = None  # checkpoints of this task rebuild it from hparams.model
             return model
         config = self.text_model_config(
