@@ -1,9 +1,14 @@
-"""Training-step throughput of our GPT against two peers holding the same weights, on the same batches:
+"""Training-step throughput of our GPT against two peers holding the same weights, on the same batches, each
+computing the mean next-token loss its own way:
 
-- ``hf``: ``transformers.GPT2LMHeadModel`` at identical numerics (its activation is ATen's, as ours:
-  ``gelu`` or ``gelu_pytorch_tanh``; HF's default ``gelu_new`` is Python code and would flatter us);
+- ``ours``: ``GPT.loss`` as our tasks train (the LM head fused with the cross-entropy, a chunk of positions at
+  a time: ``nn.linear_cross_entropy``);
+- ``hf``: ``transformers.GPT2LMHeadModel(input_ids, labels, shift_labels)`` at identical numerics (its
+  activation is ATen's, as ours: ``gelu`` or ``gelu_pytorch_tanh``; HF's default ``gelu_new`` is Python code
+  and would flatter us); logits, then its ``ForCausalLMLoss``;
 - ``nanogpt``: nanoGPT's ``model.py`` architecture, re-created in ``nanogpt.py`` (fused QKV, SDPA, exact GELU,
-  tied head), compared when our activation is ``gelu`` (the default).
+  tied head; logits, then ``F.cross_entropy``), compared when our activation is ``gelu`` (the default).
+  ``--no-fused-loss`` trains ours the same way (logits, then ``F.cross_entropy``): the model bodies alone.
 
     python benchmarks/gpt_step.py                                  # batch 4, 8, 16 x context 256, 512
     python benchmarks/gpt_step.py --batch-sizes 16 --block-sizes 256 --rounds 8
@@ -40,6 +45,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--block-sizes", type=int, nargs="+", default=[256, 512])
     p.add_argument("--activation", default="gelu", choices=["gelu", "gelu_tanh"])
     p.add_argument("--no-fused", action="store_true", help="AdamW's for-each path instead of fused")
+    p.add_argument(
+        "--no-fused-loss", action="store_true", help="ours: logits, then F.cross_entropy (as the peers)"
+    )
     p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per model per round")
     p.add_argument("--rounds", type=int, default=5, help="kept rounds per configuration")
     p.add_argument("--max-rounds", type=int, default=40, help="give up after this many rounds (busy machine)")
@@ -86,13 +94,30 @@ def quiet_rounds(
     return seconds, discarded
 
 
-def make_step(model, logits_of, fused: bool):
+def fused_head_loss(model, x, y):
+    total, count = model.loss(x, y)
+    return total / count
+
+
+def logits_loss(model, x, y):
+    return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+
+def hf_loss(model, x, y):
+    return model(input_ids=x, labels=y, shift_labels=y, use_cache=False).loss
+
+
+def nanogpt_loss(model, x, y):
+    return model(x, y)[1]
+
+
+def make_step(model, loss_of, fused: bool):
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=fused
     )
 
     def step(x, y):
-        loss = F.cross_entropy(logits_of(model, x).flatten(0, 1), y.flatten())
+        loss = loss_of(model, x, y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -103,16 +128,15 @@ def make_step(model, logits_of, fused: bool):
 def measure(args, batch_size: int, block_size: int, peak: float) -> None:
     args.block_size = block_size
     ours, hf = same_weight_pair(args)
-    models = {
-        "ours": (ours, lambda m, x: m(x)),
-        "hf": (hf, lambda m, x: m(input_ids=x, use_cache=False).logits),
-    }
+    models = {"ours": (ours, logits_loss if args.no_fused_loss else fused_head_loss), "hf": (hf, hf_loss)}
     if args.activation == "gelu":
-        models["nanogpt"] = (NanoGPT.from_ours(ours), lambda m, x: m(x))
-    steps = {name: make_step(m.train(), fn, not args.no_fused) for name, (m, fn) in models.items()}
+        models["nanogpt"] = (NanoGPT.from_ours(ours), nanogpt_loss)
     g = torch.Generator().manual_seed(0)
     data = torch.randint(0, args.vocab_size, (args.steps, batch_size, block_size + 1), generator=g)
     batches = [(d[:, :-1].contiguous(), d[:, 1:].contiguous()) for d in data]
+    with torch.no_grad():  # identical numerics: the same loss before any step
+        first = {name: loss_of(m.train(), *batches[0]).item() for name, (m, loss_of) in models.items()}
+    steps = {name: make_step(m, loss_of, not args.no_fused) for name, (m, loss_of) in models.items()}
     for step in steps.values():  # warm-up: allocator, optimizer state
         step(*batches[0])
 
@@ -129,7 +153,10 @@ def measure(args, batch_size: int, block_size: int, peak: float) -> None:
     if not rates["ours"]:
         print(f"  every one of {busy} rounds ran while the machine was busy; nothing measured")
         return
-    print(f"  kept {len(rates['ours'])} rounds, discarded {busy} busy ones")
+    print(
+        f"  kept {len(rates['ours'])} rounds, discarded {busy} busy ones; first-batch loss "
+        + ", ".join(f"{name} {loss:.6f}" for name, loss in first.items())
+    )
     print(f"  {'model':<9}{'median tok/s':>13}{'min':>9}{'max':>9}{'MFU':>8}{'ours/model':>12}")
     for name, values in rates.items():
         med = statistics.median(values)
@@ -145,8 +172,9 @@ def main() -> None:
     peak = matmul_flops()
     print(
         f"GPT training step, fp32, {torch.get_num_threads()} threads, activation {args.activation}, "
-        f"AdamW {'for-each' if args.no_fused else 'fused'}; n_layer={args.n_layer} d_model={args.d_model} "
-        f"n_head={args.n_head} vocab={args.vocab_size}"
+        f"AdamW {'for-each' if args.no_fused else 'fused'}, our loss "
+        f"{'after the logits' if args.no_fused_loss else 'fused with the LM head'}; n_layer={args.n_layer} "
+        f"d_model={args.d_model} n_head={args.n_head} vocab={args.vocab_size}"
     )
     print(f"measured fp32 matmul rate (2048^3): {peak / 1e12:.3f} TFLOP/s = MFU 100%")
     for batch_size in args.batch_sizes:

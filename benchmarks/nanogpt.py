@@ -1,8 +1,9 @@
 """nanoGPT's ``model.py`` architecture, re-created from its description as a benchmark peer.
 
 Pre-norm blocks with a fused QKV projection (``c_attn``) and ``F.scaled_dot_product_attention(is_causal=True)``,
-an MLP with exact GELU, learned positions, a final LayerNorm and an LM head tied to the token embedding;
-training computes logits at every position. ``from_ours`` copies the weights of our GPT (same layouts).
+an MLP with exact GELU, learned positions, a final LayerNorm and an LM head tied to the token embedding.
+As nanoGPT's, ``forward(idx, targets)`` computes logits at every position and their mean ``F.cross_entropy``
+(``ignore_index=-1``). ``from_ours`` copies the weights of our GPT (same layouts).
 """
 
 from __future__ import annotations
@@ -65,12 +66,17 @@ class NanoGPT(nn.Module):
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         pos = torch.arange(idx.size(1), device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
         for block in self.h:
             x = block(x)
-        return self.lm_head(self.ln_f(x))
+        logits = self.lm_head(self.ln_f(x))
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
     @classmethod
     def from_ours(cls, ours: GPT) -> NanoGPT:

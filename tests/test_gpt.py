@@ -1,11 +1,14 @@
-"""GPT: Hugging Face GPT-2 parity (from_hf / to_hf), causality, KV cache, GPT-2 init, tied embeddings."""
+"""GPT: Hugging Face GPT-2 parity (from_hf / to_hf), causality, KV cache, GPT-2 init, tied embeddings, the LM head
+fused with the loss."""
 
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from lit_transformers.models import GPT, GPTConfig
+from lit_transformers.nn import IGNORE_INDEX, linear_cross_entropy
 from lit_transformers.text import left_pad
 
 transformers = pytest.importorskip("transformers")
@@ -155,3 +158,68 @@ def test_sequence_longer_than_block_size_is_an_error():
         model(torch.zeros(1, 41, dtype=torch.long))
     with pytest.raises(ValueError, match="block_size"):
         model.new_caches(1, 41)
+
+
+# ---- the LM head fused with the loss -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("chunk_rows", [3, None])  # several chunks, one
+def test_linear_cross_entropy_matches_float64_logits_then_cross_entropy(label_smoothing, chunk_rows):
+    g = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(2, 7, 16, generator=g), torch.randn(50, 16, generator=g)
+    labels = torch.randint(0, 50, (2, 7), generator=g)
+    labels[0, :3] = IGNORE_INDEX
+    hidden[0, :3] = 1e4  # anything at ignored positions: no loss, no gradient
+    ref_hidden, ref_weight = hidden.double().requires_grad_(), weight.double().requires_grad_()
+    expected = F.cross_entropy(
+        (ref_hidden @ ref_weight.T).flatten(0, 1),
+        labels.flatten(),
+        reduction="sum",
+        label_smoothing=label_smoothing,
+    )
+    (0.7 * expected).backward()
+    hidden.requires_grad_(), weight.requires_grad_()
+    total, count = linear_cross_entropy(hidden, weight, labels, label_smoothing, chunk_rows)
+    (0.7 * total).backward()
+    assert count == 11
+    torch.testing.assert_close(total.double(), expected, rtol=1e-6, atol=0)
+    torch.testing.assert_close(hidden.grad.double(), ref_hidden.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weight.grad.double(), ref_weight.grad, rtol=1e-5, atol=1e-6)
+    assert not hidden.grad[0, :3].any()
+    with torch.no_grad():  # evaluation: the loss alone
+        torch.testing.assert_close(
+            linear_cross_entropy(hidden, weight, labels, label_smoothing, chunk_rows)[0], total
+        )
+
+
+def test_linear_cross_entropy_under_bf16_autocast_matches_the_lm_head_in_bf16():
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(64, 32, generator=g, requires_grad=True)
+    weight = (0.1 * torch.randn(40, 32, generator=g)).requires_grad_()
+    labels = torch.randint(0, 40, (64,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        total, _ = linear_cross_entropy(hidden, weight, labels, chunk_rows=16)
+        expected = F.cross_entropy((hidden @ weight.T).float(), labels, reduction="sum")
+    total.backward()
+    assert total.dtype == hidden.grad.dtype == weight.grad.dtype == torch.float32
+    torch.testing.assert_close(total, expected, rtol=1e-3, atol=0)
+    hidden32, weight32 = hidden.detach().requires_grad_(), weight.detach().requires_grad_()
+    F.cross_entropy(hidden32 @ weight32.T, labels, reduction="sum").backward()
+    torch.testing.assert_close(weight.grad, weight32.grad, rtol=0.05, atol=0.05)
+
+
+def test_gpt_loss_equals_logits_then_cross_entropy_through_the_tied_embedding():
+    torch.manual_seed(0)
+    fused, plain = _gpt(), _gpt()
+    plain.load_state_dict(fused.state_dict())
+    x, y = _tokens(), _tokens(seed=2)
+    y[:, :5] = IGNORE_INDEX  # e.g. an SFT prompt
+    total, count = fused.loss(x, y)
+    (total / count).backward()
+    logits = plain(x)
+    expected = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+    expected.backward()
+    torch.testing.assert_close(total / count, expected)
+    for (name, p), q in zip(fused.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -9,7 +9,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lit_transformers.nn import DecoderBlock, KVCache, LayerCache, LMHead, RotaryEmbedding, absolute_positions
+from lit_transformers.nn import (
+    DecoderBlock,
+    KVCache,
+    LayerCache,
+    LMHead,
+    RotaryEmbedding,
+    absolute_positions,
+    linear_cross_entropy,
+)
 
 
 @dataclass
@@ -144,6 +152,20 @@ class GPT(nn.Module):
         prefill needs only the next token, and projecting a long prompt to the vocabulary is wasted work)."""
         hidden = self.hidden_states(idx, position_ids, mask, caches)
         return self.lm_head(hidden[:, -1:] if last_only else hidden)
+
+    def loss(
+        self,
+        idx: torch.Tensor,
+        labels: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed next-token cross-entropy, number of labelled positions) of idx (B, T) against labels
+        (B, T), ``IGNORE_INDEX`` where a position has no target. The LM head and the loss run fused, a chunk
+        of positions at a time (``nn.linear_cross_entropy``): faster than logits then ``F.cross_entropy``,
+        and the (B, T, vocab_size) logits are never held."""
+        hidden = self.hidden_states(idx, position_ids, mask)
+        return linear_cross_entropy(hidden, self.lm_head.weight, labels)
 
     # ---- Hugging Face GPT-2 interoperability -------------------------------------------------
 

@@ -12,7 +12,7 @@ from lit_transformers.nn.attention import (
 from lit_transformers.nn.blocks import DecoderBlock, EncoderBlock, FeedForward, LayerCache, TransformerBlock
 from lit_transformers.nn.generation import generate, sample_next, token_logprobs
 from lit_transformers.nn.heads import ClassifierHead, LMHead, MaskedLMHead, ScalarHead
-from lit_transformers.nn.losses import IGNORE_INDEX, ClipLoss, token_cross_entropy
+from lit_transformers.nn.losses import IGNORE_INDEX, ClipLoss, linear_cross_entropy, token_cross_entropy
 from lit_transformers.nn.positions import (
     LearnedPositions,
     RotaryEmbedding,
@@ -58,6 +58,7 @@ __all__ = [
     "padding_mask",
     "sample_next",
     "sinusoidal_table",
+    "linear_cross_entropy",
     "token_cross_entropy",
     "token_logprobs",
 ]

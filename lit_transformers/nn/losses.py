@@ -34,6 +34,107 @@ def token_cross_entropy(
     return total, (labels != IGNORE_INDEX).sum()
 
 
+# logits held at once by linear_cross_entropy: 32 MB of float32, e.g. 1024 rows of an 8192-token vocabulary,
+# which stays in a server CPU's last-level cache between the matmul and the softmax passes
+CHUNK_ELEMENTS = 2**23
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float = 0.0,
+    chunk_rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_cross_entropy(hidden @ weight.T, labels, label_smoothing)`` for a bias-free output layer
+    (an LM head), without ever holding the (N, V) logits.
+
+    hidden (..., d), weight (V, d), labels (...). Rows go through in chunks of ``chunk_rows`` (default:
+    :data:`CHUNK_ELEMENTS` logits per chunk). For each chunk the forward computes the logits, their loss and,
+    when a gradient is wanted, the gradient of the logits (softmax - target) in place, then multiplies it back
+    into gradients of ``hidden`` and ``weight``; the backward only scales those. Against logits followed by
+    ``F.cross_entropy``: one ``exp`` per logit instead of two (log-softmax forward and backward each take
+    one), no (N, V) fill and scatter for the NLL backward, and logits memory of one chunk instead of three
+    full (N, V) tensors (logits, log-probs and their gradient) — the idea of Liger-Kernel's fused linear
+    cross-entropy, written in torch ops so that it runs on CPU too.
+
+    Under autocast the matmuls run in the autocast dtype, as ``nn.Linear`` would; the softmax in float32.
+    """
+    hidden, labels = hidden.flatten(0, -2), labels.flatten()
+    count = (labels != IGNORE_INDEX).sum()
+    chunk_rows = chunk_rows or max(1, CHUNK_ELEMENTS // weight.size(0))
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        return _LinearCrossEntropy.apply(hidden, weight, labels, label_smoothing, chunk_rows), count
+    return _chunked_cross_entropy(hidden, weight, labels, label_smoothing, chunk_rows, with_grad=False)[
+        0
+    ], count
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, label_smoothing, chunk_rows):
+        total, grad_hidden, grad_weight = _chunked_cross_entropy(
+            hidden, weight, labels, label_smoothing, chunk_rows, with_grad=True
+        )
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        return total
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_total):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_total, grad_weight * grad_total, None, None, None
+
+
+def _chunked_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float,
+    chunk_rows: int,
+    with_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Summed loss of hidden (N, d) @ weight.T (V, d) against labels (N,), and (with_grad) the gradients of
+    that sum with respect to hidden and weight."""
+    device = hidden.device.type
+    mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    eps, vocab_size = label_smoothing, weight.size(0)
+    valid = labels != IGNORE_INDEX
+    targets = labels.masked_fill(~valid, 0)[:, None]  # any index: ignored rows are zeroed below
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    grad_hidden = torch.empty_like(hidden) if with_grad else None
+    grad_weight = torch.zeros_like(weight, dtype=torch.float32) if with_grad else None
+    with torch.autocast(device, enabled=False):  # the casts below are explicit
+        w = weight.to(mm_dtype)
+        for start in range(0, hidden.size(0), chunk_rows):
+            rows = slice(start, start + chunk_rows)
+            h, real = hidden[rows].to(mm_dtype), valid[rows, None]
+            z = (h @ w.T).float()  # (n, V) logits
+            target_logit = z.gather(1, targets[rows])
+            row_max = z.amax(1, keepdim=True)
+            # per row: log-sum-exp - (1 - eps) * target logit - eps * mean logit (Szegedy et al.'s smoothing)
+            loss = row_max - (1 - eps) * target_logit
+            if eps:
+                loss -= eps * z.mean(1, keepdim=True)
+            z.sub_(row_max).exp_()
+            row_sum = z.sum(1, keepdim=True)
+            total += (loss + row_sum.log()).masked_fill(~real, 0).sum()
+            if not with_grad:
+                continue
+            # d loss / d logits = softmax - (1 - eps) * one_hot - eps / V on real rows, 0 on ignored ones
+            z.mul_(real / row_sum)
+            z.scatter_add_(1, targets[rows], -(1 - eps) * real.float())
+            if eps:
+                z.sub_(eps / vocab_size * real)
+            z = z.to(mm_dtype)
+            grad_hidden[rows] = z @ w
+            if grad_weight.dtype == mm_dtype:
+                grad_weight.addmm_(z.T, h)  # in place: no (V, d) temporary per chunk
+            else:
+                grad_weight += z.T @ h  # low-precision products, accumulated in float32
+    return total, grad_hidden, grad_weight if grad_weight is None else grad_weight.to(weight.dtype)
+
+
 class ClipLoss(nn.Module):
     """Symmetric InfoNCE: mean of image->text and text->image cross-entropy (open_clip's ``ClipLoss``).
 

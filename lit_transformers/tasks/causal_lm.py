@@ -6,7 +6,7 @@ import torch
 from torchmetrics import MeanMetric, MinMetric
 
 from lit_transformers.models import GPT, GPTConfig
-from lit_transformers.nn import generate, token_cross_entropy
+from lit_transformers.nn import generate
 from lit_transformers.tasks.base import Task, config_spec
 from lit_transformers.text import left_pad
 
@@ -33,10 +33,12 @@ class CausalLMTask(Task):
     def _step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed token loss, token count) of a batch of input ids and next-token labels; packed batches
         (SFT) add ``position_ids`` and a block-diagonal ``attention_mask``."""
-        logits = self.model(
-            batch["input_ids"], position_ids=batch.get("position_ids"), mask=batch.get("attention_mask")
+        return self.model.loss(
+            batch["input_ids"],
+            batch["labels"],
+            position_ids=batch.get("position_ids"),
+            mask=batch.get("attention_mask"),
         )
-        return token_cross_entropy(logits, batch["labels"])
 
     def training_step(self, batch, batch_idx):
         total, count = self._step(batch)
