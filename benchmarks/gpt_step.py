@@ -1,7 +1,7 @@
 """Training-step throughput of our GPT against two peers holding the same weights, on the same batches, each
 computing the mean next-token loss its own way:
 
-- ``ours``: ``GPT.loss`` as our tasks train (the LM head fused with the cross-entropy, a chunk of positions at
+- ``ours``: ``GPT(idx, labels=...)`` as our tasks train (the LM head fused with the cross-entropy, a chunk of positions at
   a time: ``nn.linear_cross_entropy``);
 - ``hf``: ``transformers.GPT2LMHeadModel(input_ids, labels, shift_labels)`` at identical numerics (its
   activation is ATen's, as ours: ``gelu`` or ``gelu_pytorch_tanh``; HF's default ``gelu_new`` is Python code
@@ -13,12 +13,14 @@ computing the mean next-token loss its own way:
     python benchmarks/gpt_step.py                                  # batch 4, 8, 16 x context 256, 512
     python benchmarks/gpt_step.py --batch-sizes 16 --block-sizes 256 --rounds 8
     python benchmarks/gpt_step.py --activation gelu_tanh           # GPT-2's activation (no nanoGPT peer)
+    python benchmarks/gpt_step.py --batch-sizes 8 --block-sizes 256 --rounds 1 --profile 15   # where time goes
 
 Every model steps the same AdamW (fused where torch supports it, our default; ``--no-fused`` for the
-for-each path) on the same loss. Rounds rotate the order of the models; a round in which other processes
-used the CPU (from ``/proc/stat``) is discarded and counted, since this machine is shared. Prints tokens/s
-(median over kept rounds), ours/peer ratios, and model FLOPs utilisation against a large-matmul rate
-measured in the same run.
+for-each path). Rounds rotate the order of the models; a round in which other processes used the CPU (from
+``/proc/stat``) is discarded and counted, since this machine is shared. Prints tokens/s (median over kept
+rounds), model FLOPs utilisation against a large-matmul rate measured in the same run, and ours/peer ratios
+per round (median, min, max): the models of one round run back to back, so the machine's drift between
+rounds, which moves every model's tokens/s by several percent, cancels in them.
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per model per round")
     p.add_argument("--rounds", type=int, default=5, help="kept rounds per configuration")
     p.add_argument("--max-rounds", type=int, default=40, help="give up after this many rounds (busy machine)")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then print the N ops of each step taking most CPU time",
+    )
     p.add_argument("--busy", type=float, default=0.05, help="discard a round when others used this CPU share")
     return p.parse_args()
 
@@ -95,7 +104,7 @@ def quiet_rounds(
 
 
 def fused_head_loss(model, x, y):
-    total, count = model.loss(x, y)
+    total, count = model(x, labels=y)
     return total / count
 
 
@@ -123,6 +132,14 @@ def make_step(model, loss_of, fused: bool):
         optimizer.zero_grad(set_to_none=True)
 
     return step
+
+
+def print_profile(name: str, step, batches, rows: int) -> None:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for x, y in batches:
+            step(x, y)
+    print(f"\n{name}, {len(batches)} steps under torch.profiler:")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
 def measure(args, batch_size: int, block_size: int, peak: float) -> None:
@@ -157,14 +174,16 @@ def measure(args, batch_size: int, block_size: int, peak: float) -> None:
         f"  kept {len(rates['ours'])} rounds, discarded {busy} busy ones; first-batch loss "
         + ", ".join(f"{name} {loss:.6f}" for name, loss in first.items())
     )
-    print(f"  {'model':<9}{'median tok/s':>13}{'min':>9}{'max':>9}{'MFU':>8}{'ours/model':>12}")
+    print(f"  {'model':<9}{'median tok/s':>13}{'min':>9}{'max':>9}{'MFU':>8}{'ours/model per round':>23}")
     for name, values in rates.items():
         med = statistics.median(values)
         ratios = [o / v for o, v in zip(rates["ours"], values)]
         print(
             f"  {name:<9}{med:>13.0f}{min(values):>9.0f}{max(values):>9.0f}{med * flops / peak:>8.1%}"
-            f"{statistics.median(ratios):>11.3f}x"
+            f"{statistics.median(ratios):>11.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
         )
+    for name, step in steps.items() if args.profile else ():
+        print_profile(name, step, batches, args.profile)
 
 
 def main() -> None:

@@ -209,13 +209,13 @@ def test_linear_cross_entropy_under_bf16_autocast_matches_the_lm_head_in_bf16():
     torch.testing.assert_close(weight.grad, weight32.grad, rtol=0.05, atol=0.05)
 
 
-def test_gpt_loss_equals_logits_then_cross_entropy_through_the_tied_embedding():
+def test_gpt_with_labels_returns_the_loss_of_its_logits_through_the_tied_embedding():
     torch.manual_seed(0)
     fused, plain = _gpt(), _gpt()
     plain.load_state_dict(fused.state_dict())
     x, y = _tokens(), _tokens(seed=2)
     y[:, :5] = IGNORE_INDEX  # e.g. an SFT prompt
-    total, count = fused.loss(x, y)
+    total, count = fused(x, labels=y)
     (total / count).backward()
     logits = plain(x)
     expected = F.cross_entropy(logits.flatten(0, 1), y.flatten())

@@ -147,25 +147,22 @@ class GPT(nn.Module):
         mask: torch.Tensor | None = None,
         caches: list[LayerCache] | None = None,
         last_only: bool = False,
-    ) -> torch.Tensor:
+        labels: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """idx: (B, T) -> logits (B, T, vocab_size), or (B, 1, vocab_size) with ``last_only`` (generation's
-        prefill needs only the next token, and projecting a long prompt to the vocabulary is wasted work)."""
-        hidden = self.hidden_states(idx, position_ids, mask, caches)
-        return self.lm_head(hidden[:, -1:] if last_only else hidden)
+        prefill needs only the next token, and projecting a long prompt to the vocabulary is wasted work).
 
-    def loss(
-        self,
-        idx: torch.Tensor,
-        labels: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(summed next-token cross-entropy, number of labelled positions) of idx (B, T) against labels
-        (B, T), ``IGNORE_INDEX`` where a position has no target. The LM head and the loss run fused, a chunk
-        of positions at a time (``nn.linear_cross_entropy``): faster than logits then ``F.cross_entropy``,
-        and the (B, T, vocab_size) logits are never held."""
-        hidden = self.hidden_states(idx, position_ids, mask)
-        return linear_cross_entropy(hidden, self.lm_head.weight, labels)
+        With ``labels`` (B, T) (``IGNORE_INDEX`` where a position has no target), as nanoGPT's
+        ``forward(idx, targets)``: the loss instead, as (summed next-token cross-entropy, number of labelled
+        positions). The LM head and the loss then run fused, a chunk of positions at a time
+        (``nn.linear_cross_entropy``): faster than logits followed by ``F.cross_entropy``, and the
+        (B, T, vocab_size) logits are never held. Training goes through ``forward`` (not a separate method),
+        so that ``compile=true`` compiles it.
+        """
+        hidden = self.hidden_states(idx, position_ids, mask, caches)
+        if labels is not None:
+            return linear_cross_entropy(hidden, self.lm_head.weight, labels)
+        return self.lm_head(hidden[:, -1:] if last_only else hidden)
 
     # ---- Hugging Face GPT-2 interoperability -------------------------------------------------
 

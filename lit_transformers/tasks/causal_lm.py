@@ -33,11 +33,11 @@ class CausalLMTask(Task):
     def _step(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed token loss, token count) of a batch of input ids and next-token labels; packed batches
         (SFT) add ``position_ids`` and a block-diagonal ``attention_mask``."""
-        return self.model.loss(
+        return self.model(
             batch["input_ids"],
-            batch["labels"],
             position_ids=batch.get("position_ids"),
             mask=batch.get("attention_mask"),
+            labels=batch["labels"],
         )
 
     def training_step(self, batch, batch_idx):
