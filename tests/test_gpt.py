@@ -165,32 +165,34 @@ def test_sequence_longer_than_block_size_is_an_error():
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("chunk_rows", [3, None])  # several chunks, one
-def test_linear_cross_entropy_matches_float64_logits_then_cross_entropy(label_smoothing, chunk_rows):
+@pytest.mark.parametrize("with_bias", [False, True])  # GPT's head, Marian's (final_logits_bias)
+def test_linear_cross_entropy_matches_float64_logits_then_cross_entropy(
+    label_smoothing, chunk_rows, with_bias
+):
     g = torch.Generator().manual_seed(0)
     hidden, weight = torch.randn(2, 7, 16, generator=g), torch.randn(50, 16, generator=g)
+    bias = torch.randn(50, generator=g) if with_bias else None
     labels = torch.randint(0, 50, (2, 7), generator=g)
     labels[0, :3] = IGNORE_INDEX
     hidden[0, :3] = 1e4  # anything at ignored positions: no loss, no gradient
-    ref_hidden, ref_weight = hidden.double().requires_grad_(), weight.double().requires_grad_()
+    params = [hidden, weight] + ([bias] if with_bias else [])
+    reference = [p.double().requires_grad_() for p in params]
     expected = F.cross_entropy(
-        (ref_hidden @ ref_weight.T).flatten(0, 1),
-        labels.flatten(),
-        reduction="sum",
-        label_smoothing=label_smoothing,
+        F.linear(*reference).flatten(0, 1), labels.flatten(), reduction="sum", label_smoothing=label_smoothing
     )
     (0.7 * expected).backward()
-    hidden.requires_grad_(), weight.requires_grad_()
-    total, count = linear_cross_entropy(hidden, weight, labels, label_smoothing, chunk_rows)
+    for p in params:
+        p.requires_grad_()
+    total, count = linear_cross_entropy(hidden, weight, labels, label_smoothing, bias, chunk_rows=chunk_rows)
     (0.7 * total).backward()
     assert count == 11
     torch.testing.assert_close(total.double(), expected, rtol=1e-6, atol=0)
-    torch.testing.assert_close(hidden.grad.double(), ref_hidden.grad, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(weight.grad.double(), ref_weight.grad, rtol=1e-5, atol=1e-6)
+    for p, ref in zip(params, reference):
+        torch.testing.assert_close(p.grad.double(), ref.grad, rtol=1e-5, atol=1e-6)
     assert not hidden.grad[0, :3].any()
     with torch.no_grad():  # evaluation: the loss alone
-        torch.testing.assert_close(
-            linear_cross_entropy(hidden, weight, labels, label_smoothing, chunk_rows)[0], total
-        )
+        again, _ = linear_cross_entropy(hidden, weight, labels, label_smoothing, bias, chunk_rows=chunk_rows)
+    torch.testing.assert_close(again, total)
 
 
 def test_linear_cross_entropy_under_bf16_autocast_matches_the_lm_head_in_bf16():

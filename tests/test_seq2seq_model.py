@@ -181,6 +181,20 @@ def test_from_hf_model_object_matches_marian_logits(activation):
         )
 
 
+def test_loss_with_labels_equals_marians_loss_through_the_logits_bias():
+    hf = _marian()
+    ours = Seq2SeqTransformer.from_hf(hf).eval()
+    assert ours.output.bias is not None  # final_logits_bias, fused into the loss with the output layer
+    src, valid, tgt = _marian_inputs()
+    labels = torch.cat([tgt[:, 1:], torch.full((2, 1), IGNORE_INDEX)], dim=1)
+    labels[1, 3:] = IGNORE_INDEX  # target padding
+    with torch.no_grad():
+        total, count = ours(src, tgt, valid, labels=labels)
+        expected = hf(input_ids=src, attention_mask=valid.long(), decoder_input_ids=tgt, labels=labels).loss
+    assert count == 5 + 3
+    torch.testing.assert_close(total / count, expected, atol=1e-5, rtol=0)
+
+
 def test_separate_vocabularies_and_untied_output_match_marian():
     hf = _marian(share_encoder_decoder_embeddings=False, decoder_vocab_size=120, tie_word_embeddings=False)
     ours = Seq2SeqTransformer.from_hf(hf).eval()

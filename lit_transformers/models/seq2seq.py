@@ -24,6 +24,7 @@ from lit_transformers.nn import (
     RotaryEmbedding,
     absolute_positions,
     generate,
+    linear_cross_entropy,
     padding_mask,
 )
 from lit_transformers.nn.beam import beam_search
@@ -181,11 +182,15 @@ class Seq2SeqTransformer(nn.Module):
         mask: torch.Tensor | None = None,
         caches: list[LayerCache] | None = None,
         last_only: bool = False,
-    ) -> torch.Tensor:
+        labels: torch.Tensor | None = None,
+        label_smoothing: float = 0.0,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """tgt_ids (B, T) target prefix -> logits (B, T, V) (the last position only with ``last_only``).
 
         Target positions see themselves and earlier targets only (causal); ``context_mask`` (B, 1, 1, S)
-        hides source padding from cross-attention. Positions continue after cached tokens.
+        hides source padding from cross-attention. Positions continue after cached tokens. With ``labels``
+        (B, T): the loss instead, (summed cross-entropy, number of labelled positions), the output layer fused
+        with it as in ``GPT.forward`` (``nn.linear_cross_entropy``).
         """
         start = caches[0].self_attn.length if caches else 0
         self._check_length(start + tgt_ids.size(1), "A target")
@@ -203,16 +208,24 @@ class Seq2SeqTransformer(nn.Module):
                 cache=caches[i] if caches else None,
             )
         x = self.decoder_norm(x)
+        if labels is not None:
+            return linear_cross_entropy(x, self.output.weight, labels, label_smoothing, self.output.bias)
         return self.output(x[:, -1:] if last_only else x)
 
     def forward(
-        self, src_ids: torch.Tensor, tgt_ids: torch.Tensor, src_valid: torch.Tensor | None = None
-    ) -> torch.Tensor:
+        self,
+        src_ids: torch.Tensor,
+        tgt_ids: torch.Tensor,
+        src_valid: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        label_smoothing: float = 0.0,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Teacher forcing: logits (B, T, V) of the next target token at each position of ``tgt_ids``
-        (BOS y1 .. y_{T-1}, right-padded: a real position never sees the padding after it)."""
+        (BOS y1 .. y_{T-1}, right-padded: a real position never sees the padding after it); with ``labels``
+        (B, T), the loss as in :meth:`decode`."""
         memory = self.encode(src_ids, src_valid)
         context_mask = source_mask(src_valid)
-        return self.decode(tgt_ids, memory, context_mask)
+        return self.decode(tgt_ids, memory, context_mask, labels=labels, label_smoothing=label_smoothing)
 
     # ---- decoding ------------------------------------------------------------------------------
 

@@ -44,72 +44,81 @@ def linear_cross_entropy(
     weight: torch.Tensor,
     labels: torch.Tensor,
     label_smoothing: float = 0.0,
+    bias: torch.Tensor | None = None,
     chunk_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``token_cross_entropy(hidden @ weight.T, labels, label_smoothing)`` for a bias-free output layer
+    """``token_cross_entropy(F.linear(hidden, weight, bias), labels, label_smoothing)`` for an output layer
     (an LM head), without ever holding the (N, V) logits.
 
-    hidden (..., d), weight (V, d), labels (...). Rows go through in chunks of ``chunk_rows`` (default:
-    :data:`CHUNK_ELEMENTS` logits per chunk). For each chunk the forward computes the logits, their loss and,
-    when a gradient is wanted, the gradient of the logits (softmax - target) in place, then multiplies it back
-    into gradients of ``hidden`` and ``weight``; the backward only scales those. Against logits followed by
-    ``F.cross_entropy``: one ``exp`` per logit instead of two (log-softmax forward and backward each take
-    one), no (N, V) fill and scatter for the NLL backward, and logits memory of one chunk instead of three
-    full (N, V) tensors (logits, log-probs and their gradient) — the idea of Liger-Kernel's fused linear
-    cross-entropy, written in torch ops so that it runs on CPU too.
+    hidden (..., d), weight (V, d), bias (V,) or None, labels (...). Rows go through in chunks of
+    ``chunk_rows`` (default: :data:`CHUNK_ELEMENTS` logits per chunk). For each chunk the forward computes the
+    logits, their loss and, when a gradient is wanted, the gradient of the logits (softmax - target) in place,
+    then multiplies it back into gradients of ``hidden``, ``weight`` and ``bias``; the backward only scales
+    those. Against logits followed by ``F.cross_entropy``: one ``exp`` per logit instead of two (log-softmax
+    forward and backward each take one), no (N, V) fill and scatter for the NLL backward, and logits memory of
+    one chunk instead of up to three full (N, V) tensors (logits, log-probs and their gradient) — the idea of
+    Liger-Kernel's fused linear cross-entropy, written in torch ops so that it runs on CPU too.
 
     Under autocast the matmuls run in the autocast dtype, as ``nn.Linear`` would; the softmax in float32.
     """
     hidden, labels = hidden.flatten(0, -2), labels.flatten()
     count = (labels != IGNORE_INDEX).sum()
     chunk_rows = chunk_rows or max(1, CHUNK_ELEMENTS // weight.size(0))
-    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return _LinearCrossEntropy.apply(hidden, weight, labels, label_smoothing, chunk_rows), count
-    return _chunked_cross_entropy(hidden, weight, labels, label_smoothing, chunk_rows, with_grad=False)[
-        0
-    ], count
+    params = (hidden, weight) if bias is None else (hidden, weight, bias)
+    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+        total = _LinearCrossEntropy.apply(hidden, weight, bias, labels, label_smoothing, chunk_rows)
+    else:
+        total = _chunked_cross_entropy(hidden, weight, bias, labels, label_smoothing, chunk_rows, False)[0]
+    return total, count
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, label_smoothing, chunk_rows):
-        total, grad_hidden, grad_weight = _chunked_cross_entropy(
-            hidden, weight, labels, label_smoothing, chunk_rows, with_grad=True
+    def forward(ctx, hidden, weight, bias, labels, label_smoothing, chunk_rows):
+        total, *grads = _chunked_cross_entropy(
+            hidden, weight, bias, labels, label_smoothing, chunk_rows, True
         )
-        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.save_for_backward(*grads)
         return total
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_total):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_total, grad_weight * grad_total, None, None, None
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        grad_bias = None if grad_bias is None else grad_bias * grad_total
+        return grad_hidden * grad_total, grad_weight * grad_total, grad_bias, None, None, None
 
 
 def _chunked_cross_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
+    bias: torch.Tensor | None,
     labels: torch.Tensor,
     label_smoothing: float,
     chunk_rows: int,
     with_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Summed loss of hidden (N, d) @ weight.T (V, d) against labels (N,), and (with_grad) the gradients of
-    that sum with respect to hidden and weight."""
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Summed loss of F.linear(hidden (N, d), weight (V, d), bias (V,)) against labels (N,), and (with_grad)
+    the gradients of that sum with respect to hidden, weight and bias (None without a bias)."""
     device = hidden.device.type
     mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
     eps, vocab_size = label_smoothing, weight.size(0)
     valid = labels != IGNORE_INDEX
     targets = labels.masked_fill(~valid, 0)[:, None]  # any index: ignored rows are zeroed below
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-    grad_hidden = torch.empty_like(hidden) if with_grad else None
-    grad_weight = torch.zeros_like(weight, dtype=torch.float32) if with_grad else None
+    grad_hidden = grad_weight = grad_bias = None
+    if with_grad:
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32)
+        grad_bias = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
     with torch.autocast(device, enabled=False):  # the casts below are explicit
         w = weight.to(mm_dtype)
         for start in range(0, hidden.size(0), chunk_rows):
             rows = slice(start, start + chunk_rows)
             h, real = hidden[rows].to(mm_dtype), valid[rows, None]
             z = (h @ w.T).float()  # (n, V) logits
+            if bias is not None:
+                z += bias.float()
             target_logit = z.gather(1, targets[rows])
             row_max = z.amax(1, keepdim=True)
             # per row: log-sum-exp - (1 - eps) * target logit - eps * mean logit (Szegedy et al.'s smoothing)
@@ -126,13 +135,18 @@ def _chunked_cross_entropy(
             z.scatter_add_(1, targets[rows], -(1 - eps) * real.float())
             if eps:
                 z.sub_(eps / vocab_size * real)
+            if grad_bias is not None:
+                grad_bias += z.sum(0)
             z = z.to(mm_dtype)
             grad_hidden[rows] = z @ w
             if grad_weight.dtype == mm_dtype:
                 grad_weight.addmm_(z.T, h)  # in place: no (V, d) temporary per chunk
             else:
                 grad_weight += z.T @ h  # low-precision products, accumulated in float32
-    return total, grad_hidden, grad_weight if grad_weight is None else grad_weight.to(weight.dtype)
+    if not with_grad:
+        return total, None, None, None
+    grad_bias = None if bias is None else grad_bias.to(bias.dtype)
+    return total, grad_hidden, grad_weight.to(weight.dtype), grad_bias
 
 
 class ClipLoss(nn.Module):

@@ -10,7 +10,6 @@ import torch
 from torchmetrics import MaxMetric, MeanMetric
 
 from lit_transformers.models import Seq2SeqConfig, Seq2SeqTransformer
-from lit_transformers.nn import token_cross_entropy
 from lit_transformers.tasks.base import Task, config_spec
 from lit_transformers.tasks.evaluation import CorpusScore, labeled_matrix_image
 from lit_transformers.text import Tokenizer, right_pad
@@ -104,8 +103,9 @@ class TranslationTask(Task):
         return self.model(src_ids, tgt_ids, src_valid)
 
     def _loss(self, batch: dict, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model(batch["src_ids"], batch["tgt_ids"], batch["src_valid"])
-        return token_cross_entropy(logits, batch["labels"], label_smoothing)
+        return self.model(
+            batch["src_ids"], batch["tgt_ids"], batch["src_valid"], batch["labels"], label_smoothing
+        )
 
     def training_step(self, batch, batch_idx):
         total, count = self._loss(batch, self.hparams.label_smoothing)
