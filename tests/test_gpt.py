@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lit_transformers.models import GPT, GPTConfig
-from lit_transformers.nn import IGNORE_INDEX, linear_cross_entropy
+from lit_transformers.nn import IGNORE_INDEX, linear_cross_entropy, token_mean
 from lit_transformers.text import left_pad
 
 transformers = pytest.importorskip("transformers")
@@ -183,7 +183,9 @@ def test_linear_cross_entropy_matches_float64_logits_then_cross_entropy(
     (0.7 * expected).backward()
     for p in params:
         p.requires_grad_()
-    total, count = linear_cross_entropy(hidden, weight, labels, label_smoothing, bias, chunk_rows=chunk_rows)
+    total, count = linear_cross_entropy(
+        hidden, weight, labels, label_smoothing, bias=bias, chunk_rows=chunk_rows
+    )
     (0.7 * total).backward()
     assert count == 11
     torch.testing.assert_close(total.double(), expected, rtol=1e-6, atol=0)
@@ -191,7 +193,9 @@ def test_linear_cross_entropy_matches_float64_logits_then_cross_entropy(
         torch.testing.assert_close(p.grad.double(), ref.grad, rtol=1e-5, atol=1e-6)
     assert not hidden.grad[0, :3].any()
     with torch.no_grad():  # evaluation: the loss alone
-        again, _ = linear_cross_entropy(hidden, weight, labels, label_smoothing, bias, chunk_rows=chunk_rows)
+        again, _ = linear_cross_entropy(
+            hidden, weight, labels, label_smoothing, bias=bias, chunk_rows=chunk_rows
+        )
     torch.testing.assert_close(again, total)
 
 
@@ -225,3 +229,26 @@ def test_gpt_with_labels_returns_the_loss_of_its_logits_through_the_tied_embeddi
     torch.testing.assert_close(total / count, expected)
     for (name, p), q in zip(fused.named_parameters(), plain.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_batch_without_labelled_positions_has_zero_loss_and_gradients():
+    model = _gpt()
+    loss = token_mean(*model(_tokens(), labels=torch.full((2, 20), IGNORE_INDEX)))
+    loss.backward()
+    assert loss.item() == 0
+    assert all(not p.grad.any() for p in model.parameters())  # zeros, not 0 * inf = NaN
+
+
+@pytest.mark.parametrize("weight_trains", [True, False])  # False: a frozen head still passes gradients back
+def test_linear_cross_entropy_passes_gradcheck_in_float64(weight_trains):
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(5, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(6, 4, dtype=torch.float64, generator=g, requires_grad=weight_trains)
+    bias = torch.randn(6, dtype=torch.float64, generator=g, requires_grad=True)
+    labels = torch.tensor([0, 5, IGNORE_INDEX, 2, 2])
+
+    def loss(h, w, b):
+        return linear_cross_entropy(h, w, labels, 0.1, bias=b, chunk_rows=2)[0]
+
+    assert loss(hidden, weight, bias).dtype == torch.float64
+    assert torch.autograd.gradcheck(loss, (hidden, weight, bias))

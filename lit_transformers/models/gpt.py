@@ -154,7 +154,7 @@ class GPT(nn.Module):
 
         With ``labels`` (B, T) (``IGNORE_INDEX`` where a position has no target), as nanoGPT's
         ``forward(idx, targets)``: the loss instead, as (summed next-token cross-entropy, number of labelled
-        positions). The LM head and the loss then run fused, a chunk of positions at a time
+        positions), over every position (``last_only`` does not apply). The LM head and the loss then run fused, a chunk of positions at a time
         (``nn.linear_cross_entropy``): faster than logits followed by ``F.cross_entropy``, and the
         (B, T, vocab_size) logits are never held. Training goes through ``forward`` (not a separate method),
         so that ``compile=true`` compiles it.

@@ -209,7 +209,7 @@ class Seq2SeqTransformer(nn.Module):
             )
         x = self.decoder_norm(x)
         if labels is not None:
-            return linear_cross_entropy(x, self.output.weight, labels, label_smoothing, self.output.bias)
+            return linear_cross_entropy(x, self.output.weight, labels, label_smoothing, bias=self.output.bias)
         return self.output(x[:, -1:] if last_only else x)
 
     def forward(

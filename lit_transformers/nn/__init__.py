@@ -12,7 +12,13 @@ from lit_transformers.nn.attention import (
 from lit_transformers.nn.blocks import DecoderBlock, EncoderBlock, FeedForward, LayerCache, TransformerBlock
 from lit_transformers.nn.generation import generate, sample_next, token_logprobs
 from lit_transformers.nn.heads import ClassifierHead, LMHead, MaskedLMHead, ScalarHead
-from lit_transformers.nn.losses import IGNORE_INDEX, ClipLoss, linear_cross_entropy, token_cross_entropy
+from lit_transformers.nn.losses import (
+    IGNORE_INDEX,
+    ClipLoss,
+    linear_cross_entropy,
+    token_cross_entropy,
+    token_mean,
+)
 from lit_transformers.nn.positions import (
     LearnedPositions,
     RotaryEmbedding,
@@ -53,12 +59,13 @@ __all__ = [
     "absolute_positions",
     "causal_mask",
     "generate",
+    "linear_cross_entropy",
     "padded_attention_mask",
     "padded_position_ids",
     "padding_mask",
     "sample_next",
     "sinusoidal_table",
-    "linear_cross_entropy",
     "token_cross_entropy",
     "token_logprobs",
+    "token_mean",
 ]

@@ -34,6 +34,12 @@ def token_cross_entropy(
     return total, (labels != IGNORE_INDEX).sum()
 
 
+def token_mean(total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """Mean token loss from (sum, count); 0 for a batch without labelled positions, where 0 / 0 would be NaN
+    and its gradient would poison every weight."""
+    return total / count.clamp(min=1)
+
+
 # logits held at once by linear_cross_entropy: 32 MB of float32, e.g. 1024 rows of an 8192-token vocabulary,
 # which stays in a server CPU's last-level cache between the matmul and the softmax passes
 CHUNK_ELEMENTS = 2**23
@@ -44,6 +50,7 @@ def linear_cross_entropy(
     weight: torch.Tensor,
     labels: torch.Tensor,
     label_smoothing: float = 0.0,
+    *,
     bias: torch.Tensor | None = None,
     chunk_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,16 +66,18 @@ def linear_cross_entropy(
     one chunk instead of up to three full (N, V) tensors (logits, log-probs and their gradient) — the idea of
     Liger-Kernel's fused linear cross-entropy, written in torch ops so that it runs on CPU too.
 
-    Under autocast the matmuls run in the autocast dtype, as ``nn.Linear`` would; the softmax in float32.
+    Under autocast the matmuls run in the autocast dtype, as ``nn.Linear`` would; the softmax in float32 (float64
+    for float64 inputs). Only the inputs that require a gradient get one: a frozen head costs no weight-gradient
+    matmul.
     """
     hidden, labels = hidden.flatten(0, -2), labels.flatten()
     count = (labels != IGNORE_INDEX).sum()
     chunk_rows = chunk_rows or max(1, CHUNK_ELEMENTS // weight.size(0))
-    params = (hidden, weight) if bias is None else (hidden, weight, bias)
-    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias)):
         total = _LinearCrossEntropy.apply(hidden, weight, bias, labels, label_smoothing, chunk_rows)
     else:
-        total = _chunked_cross_entropy(hidden, weight, bias, labels, label_smoothing, chunk_rows, False)[0]
+        no_grads = (False, False, False)
+        total = _chunked_cross_entropy(hidden, weight, bias, labels, label_smoothing, chunk_rows, no_grads)[0]
     return total, count
 
 
@@ -76,7 +85,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, label_smoothing, chunk_rows):
         total, *grads = _chunked_cross_entropy(
-            hidden, weight, bias, labels, label_smoothing, chunk_rows, True
+            hidden, weight, bias, labels, label_smoothing, chunk_rows, ctx.needs_input_grad[:3]
         )
         ctx.save_for_backward(*grads)
         return total
@@ -84,9 +93,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_total):
-        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        grad_bias = None if grad_bias is None else grad_bias * grad_total
-        return grad_hidden * grad_total, grad_weight * grad_total, grad_bias, None, None, None
+        grads = (None if g is None else g * grad_total for g in ctx.saved_tensors)
+        return *grads, None, None, None
 
 
 def _chunked_cross_entropy(
@@ -96,29 +104,30 @@ def _chunked_cross_entropy(
     labels: torch.Tensor,
     label_smoothing: float,
     chunk_rows: int,
-    with_grad: bool,
+    needs_grad: tuple[bool, bool, bool],
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """Summed loss of F.linear(hidden (N, d), weight (V, d), bias (V,)) against labels (N,), and (with_grad)
-    the gradients of that sum with respect to hidden, weight and bias (None without a bias)."""
+    """Summed loss of F.linear(hidden (N, d), weight (V, d), bias (V,)) against labels (N,), and the gradients
+    of that sum with respect to hidden, weight and bias where ``needs_grad`` asks for them (else None)."""
     device = hidden.device.type
     mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    float_dtype = torch.promote_types(mm_dtype, torch.float32)  # of the softmax and the accumulators
     eps, vocab_size = label_smoothing, weight.size(0)
     valid = labels != IGNORE_INDEX
     targets = labels.masked_fill(~valid, 0)[:, None]  # any index: ignored rows are zeroed below
-    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-    grad_hidden = grad_weight = grad_bias = None
-    if with_grad:
-        grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32)
-        grad_bias = None if bias is None else torch.zeros_like(bias, dtype=torch.float32)
+    total = torch.zeros((), dtype=float_dtype, device=hidden.device)
+    grad_hidden = torch.empty_like(hidden) if needs_grad[0] else None
+    grad_weight = torch.zeros_like(weight, dtype=float_dtype) if needs_grad[1] else None
+    grad_bias = torch.zeros_like(bias, dtype=float_dtype) if needs_grad[2] else None
     with torch.autocast(device, enabled=False):  # the casts below are explicit
         w = weight.to(mm_dtype)
-        for start in range(0, hidden.size(0), chunk_rows):
-            rows = slice(start, start + chunk_rows)
+        # looping over the chunk count, not range(0, N, chunk_rows), lets torch.compile treat N as dynamic
+        # instead of recompiling for every number of rows
+        for i in range(-(-hidden.size(0) // chunk_rows)):
+            rows = slice(i * chunk_rows, (i + 1) * chunk_rows)
             h, real = hidden[rows].to(mm_dtype), valid[rows, None]
-            z = (h @ w.T).float()  # (n, V) logits
+            z = (h @ w.T).to(float_dtype)  # (n, V) logits
             if bias is not None:
-                z += bias.float()
+                z += bias.to(float_dtype)
             target_logit = z.gather(1, targets[rows])
             row_max = z.amax(1, keepdim=True)
             # per row: log-sum-exp - (1 - eps) * target logit - eps * mean logit (Szegedy et al.'s smoothing)
@@ -128,25 +137,27 @@ def _chunked_cross_entropy(
             z.sub_(row_max).exp_()
             row_sum = z.sum(1, keepdim=True)
             total += (loss + row_sum.log()).masked_fill(~real, 0).sum()
-            if not with_grad:
+            if not any(needs_grad):
                 continue
             # d loss / d logits = softmax - (1 - eps) * one_hot - eps / V on real rows, 0 on ignored ones
             z.mul_(real / row_sum)
-            z.scatter_add_(1, targets[rows], -(1 - eps) * real.float())
+            z.scatter_add_(1, targets[rows], -(1 - eps) * real.to(float_dtype))
             if eps:
                 z.sub_(eps / vocab_size * real)
             if grad_bias is not None:
                 grad_bias += z.sum(0)
             z = z.to(mm_dtype)
-            grad_hidden[rows] = z @ w
-            if grad_weight.dtype == mm_dtype:
+            if grad_hidden is not None:
+                grad_hidden[rows] = z @ w
+            if grad_weight is not None and grad_weight.dtype == mm_dtype:
                 grad_weight.addmm_(z.T, h)  # in place: no (V, d) temporary per chunk
-            else:
+            elif grad_weight is not None:
                 grad_weight += z.T @ h  # low-precision products, accumulated in float32
-    if not with_grad:
-        return total, None, None, None
-    grad_bias = None if bias is None else grad_bias.to(bias.dtype)
-    return total, grad_hidden, grad_weight.to(weight.dtype), grad_bias
+    if grad_weight is not None:
+        grad_weight = grad_weight.to(weight.dtype)
+    if grad_bias is not None:
+        grad_bias = grad_bias.to(bias.dtype)
+    return total, grad_hidden, grad_weight, grad_bias
 
 
 class ClipLoss(nn.Module):

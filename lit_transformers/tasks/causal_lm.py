@@ -6,7 +6,7 @@ import torch
 from torchmetrics import MeanMetric, MinMetric
 
 from lit_transformers.models import GPT, GPTConfig
-from lit_transformers.nn import generate
+from lit_transformers.nn import generate, token_mean
 from lit_transformers.tasks.base import Task, config_spec
 from lit_transformers.text import left_pad
 
@@ -42,13 +42,13 @@ class CausalLMTask(Task):
 
     def training_step(self, batch, batch_idx):
         total, count = self._step(batch)
-        loss = total / count
+        loss = token_mean(total, count)
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         return loss
 
     def _eval_step(self, batch, stage: str, mean: MeanMetric) -> None:
         total, count = self._step(batch)
-        mean.update(total / count, weight=count)
+        mean.update(token_mean(total, count), weight=count)
         self.log(f"{stage}/loss", mean, on_epoch=True, prog_bar=stage == "val")
 
     def validation_step(self, batch, batch_idx):

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric, MinMetric
 
 from lit_transformers.models import BERT
-from lit_transformers.nn import IGNORE_INDEX, token_cross_entropy
+from lit_transformers.nn import IGNORE_INDEX, token_cross_entropy, token_mean
 from lit_transformers.tasks.encoder import EncoderTask
 from lit_transformers.tasks.evaluation import labeled_matrix_image
 from lit_transformers.text import mask_tokens, pack_pair, right_pad
@@ -80,7 +80,7 @@ class MaskedLMTask(EncoderTask):
         nsp_logits = self.model.nsp_logits(self.model.pool(hidden))  # (B, 2)
         nsp_loss = F.cross_entropy(nsp_logits.float(), batch["next_sentence_label"])
         return {
-            "mlm_loss": mlm_sum / count,
+            "mlm_loss": token_mean(mlm_sum, count),
             "count": count,
             "mlm_acc": (mlm_logits.argmax(-1) == labels[selected]).float().mean(),
             "nsp_loss": nsp_loss,

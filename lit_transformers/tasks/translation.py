@@ -10,6 +10,7 @@ import torch
 from torchmetrics import MaxMetric, MeanMetric
 
 from lit_transformers.models import Seq2SeqConfig, Seq2SeqTransformer
+from lit_transformers.nn import token_mean
 from lit_transformers.tasks.base import Task, config_spec
 from lit_transformers.tasks.evaluation import CorpusScore, labeled_matrix_image
 from lit_transformers.text import Tokenizer, right_pad
@@ -104,12 +105,16 @@ class TranslationTask(Task):
 
     def _loss(self, batch: dict, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model(
-            batch["src_ids"], batch["tgt_ids"], batch["src_valid"], batch["labels"], label_smoothing
+            batch["src_ids"],
+            batch["tgt_ids"],
+            batch["src_valid"],
+            labels=batch["labels"],
+            label_smoothing=label_smoothing,
         )
 
     def training_step(self, batch, batch_idx):
         total, count = self._loss(batch, self.hparams.label_smoothing)
-        loss = total / count
+        loss = token_mean(total, count)
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         real = batch["src_valid"].sum() + batch["tgt_valid"].sum()
         slots = batch["src_valid"].numel() + batch["tgt_valid"].numel()
@@ -148,7 +153,7 @@ class TranslationTask(Task):
 
     def _eval_step(self, batch: dict, stage: str, mean: MeanMetric, beam_size: int) -> None:
         total, count = self._loss(batch, 0.0)
-        mean.update(total / count, weight=count)
+        mean.update(token_mean(total, count), weight=count)
         self.log(f"{stage}/loss", mean, on_epoch=True, prog_bar=stage == "val")
         references = batch["tgt_text"]
         self._score(stage, self.translate(batch["src_ids"], batch["src_valid"], beam_size), references)
