@@ -57,6 +57,40 @@ def test_bpe_encodes_unseen_bytes_without_unknown_tokens():
     assert tok.decode(tok.encode(text)) == text
 
 
+def test_for_data_takes_the_given_file_else_trains_once_per_identity_kind_vocab_and_case(tmp_path):
+    trained = []
+
+    def texts() -> list[str]:
+        trained.append(1)
+        return ["Loops and functions, loops and classes."] * 10
+
+    def for_data(identity, kind="bpe", vocab_size=300, lowercase=False, tokenizer_path=None) -> Tokenizer:
+        cache = tmp_path / "cache"
+        return Tokenizer.for_data(
+            tokenizer_path, cache, lambda: identity, texts, kind, vocab_size, lowercase=lowercase
+        )
+
+    first = for_data(["corpus", 0.1, 0])
+    assert for_data(["corpus", 0.1, 0]) == first and len(trained) == 1  # the same data: the cached file
+    for changed in (
+        dict(identity=["corpus", 0.2, 0]),
+        dict(identity=["corpus", 0.1, 0], kind="char"),
+        dict(identity=["corpus", 0.1, 0], vocab_size=400),
+        dict(identity=["corpus", 0.1, 0], lowercase=True),
+    ):
+        for_data(**changed)
+    assert len(trained) == 5 and len(list((tmp_path / "cache" / "tokenizers").iterdir())) == 5
+    given = tmp_path / "given.json"
+    first.save(given)
+
+    def unread() -> None:
+        raise AssertionError("a given tokenizer_path reads no data")
+
+    assert Tokenizer.for_data(str(given), tmp_path / "cache", unread, unread, "bpe", 300) == first
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        for_data(None, tokenizer_path=str(tmp_path / "missing.json"))
+
+
 def test_folder_of_txt_files_gives_one_document_per_file(tmp_path):
     for i in range(3):
         (tmp_path / f"f{i}.txt").write_text(f"file {i}")
@@ -116,7 +150,7 @@ def _datamodule(tmp_path, **kwargs) -> CausalLMDataModule:
 def test_datamodule_windows_are_next_token_pairs_and_tokenizer_is_cached(tmp_path):
     dm = _datamodule(tmp_path)
     dm.prepare_data()
-    cached = dm.tokenizer_cache
+    (cached,) = (tmp_path / "cache" / "tokenizers").iterdir()
     mtime = cached.stat().st_mtime_ns
     dm.prepare_data()  # second call reuses the cache (what DDP ranks and reruns do)
     assert cached.stat().st_mtime_ns == mtime

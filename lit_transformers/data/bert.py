@@ -7,10 +7,8 @@ Masking is not done here: the task draws masks per batch (dynamic masking), from
 from __future__ import annotations
 
 import logging
-import os
 import random
 from functools import cached_property
-from pathlib import Path
 
 import torch
 
@@ -95,10 +93,9 @@ class MaskedLMDataModule(CollatedSplits):
         self.datasets: dict[str, list[dict]] = {}
 
     @cached_property
-    def tokenizer_cache(self) -> Path:
+    def tokenizer_identity(self) -> list:  # cached: the fingerprint stats every file of a path corpus
         h = self.hparams
-        key = f"{fingerprint(self.corpus)}-wordpiece-{h.vocab_size}-{h.lowercase}-{h.val_fraction}-{h.test_fraction}-{h.seed}"
-        return Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / f"{key}.json"
+        return [fingerprint(self.corpus), h.val_fraction, h.test_fraction, h.seed]
 
     @cached_property
     def splits(self) -> dict[str, list[tuple[str, str]]]:
@@ -109,10 +106,10 @@ class MaskedLMDataModule(CollatedSplits):
         """``tokenizer_path`` (tokenizer.json, vocab.txt, a Hugging Face BERT directory or a parent .ckpt),
         else a WordPiece trained on the training split and cached under ``cache_dir``."""
         h = self.hparams
-        if h.tokenizer_path:
-            return Tokenizer.from_file(h.tokenizer_path)
-        return Tokenizer.load_or_train(
-            self.tokenizer_cache,
+        return Tokenizer.for_data(
+            h.tokenizer_path,
+            h.cache_dir,
+            lambda: self.tokenizer_identity,
             lambda: [text for _, text in self.splits["train"]],
             "wordpiece",
             h.vocab_size,

@@ -8,9 +8,7 @@ retrieval counts any of them as a hit. Captions are tokenized by a BPE tokenizer
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
-import os
 import random
 from collections.abc import Sequence
 from functools import cached_property
@@ -183,12 +181,11 @@ class CaptionDataModule(L.LightningDataModule):
         """``tokenizer_path`` (a tokenizer.json or a parent checkpoint's), else BPE trained on the training
         captions and cached under ``cache_dir`` by their content."""
         h = self.hparams
-        if h.tokenizer_path:
-            return Tokenizer.from_file(h.tokenizer_path)
-        texts = list(dict.fromkeys(c for caps in self._splits[1]["train"] for c in caps))
-        key = hashlib.sha1(json.dumps([texts, h.vocab_size]).encode()).hexdigest()[:16]
-        cache = Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / f"captions-{key}.json"
-        return Tokenizer.load_or_train(cache, lambda: texts, "bpe", h.vocab_size)
+
+        def captions() -> list[str]:
+            return list(dict.fromkeys(c for caps in self._splits[1]["train"] for c in caps))
+
+        return Tokenizer.for_data(h.tokenizer_path, h.cache_dir, captions, captions, "bpe", h.vocab_size)
 
     def prepare_data(self) -> None:
         """Train and cache the tokenizer once (rank 0); every rank loads it in ``setup``."""

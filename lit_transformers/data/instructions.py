@@ -13,10 +13,8 @@ Every batch also carries its prompts, left-padded for generation, so any stage c
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import random
 import re
 from collections import Counter
@@ -282,7 +280,7 @@ class InstructionDataModule(CollatedSplits):
             self._records = {name: order.sample(part, len(part)) for name, part in parts.items()}
         return self._records
 
-    def tokenizer_cache(self) -> Path:
+    def tokenizer_identity(self) -> list:
         h = self.hparams
         identity = [
             DATA_VERSION,
@@ -296,23 +294,24 @@ class InstructionDataModule(CollatedSplits):
             h.corpus,
             h.pool,
             h.pool_shares,
+            h.val_fraction,
+            h.test_fraction,
+            h.seed,
         ]
-        identity += [h.tokenizer, h.vocab_size, h.val_fraction, h.test_fraction, h.seed]
         if h.source == "jsonl" and Path(h.path).is_file():
             identity.append(Path(h.path).stat().st_mtime_ns)
-        key = hashlib.sha1(json.dumps(identity, default=str).encode()).hexdigest()[:16]
-        return Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / f"instructions-{key}.json"
+        return identity
 
     def load_tokenizer(self) -> Tokenizer:
         """``tokenizer_path`` (the parent stage's checkpoint), else one trained on the training records."""
         h = self.hparams
-        if h.tokenizer_path:
-            return Tokenizer.from_file(h.tokenizer_path)
 
         def texts() -> list[str]:
             return [r["prompt"] + r.get("completion", r.get("chosen", "")) for r in self.records()["train"]]
 
-        return Tokenizer.load_or_train(self.tokenizer_cache(), texts, h.tokenizer, h.vocab_size)
+        return Tokenizer.for_data(
+            h.tokenizer_path, h.cache_dir, self.tokenizer_identity, texts, h.tokenizer, h.vocab_size
+        )
 
     def prepare_data(self) -> None:
         self.load_tokenizer()

@@ -7,10 +7,8 @@ The token stream is built in memory by default; with ``shards_dir`` it is read f
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable
 from functools import cached_property, partial
-from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
@@ -72,13 +70,9 @@ class CausalLMDataModule(CollatedSplits):
         self.datasets: dict[str, TokenWindows] = {}
 
     @cached_property
-    def tokenizer_cache(self) -> Path:  # cached: the fingerprint stats every file of a path corpus
+    def tokenizer_identity(self) -> list:  # cached: the fingerprint stats every file of a path corpus
         h = self.hparams
-        key = (
-            f"{fingerprint(self.corpus)}-{h.tokenizer}-{h.vocab_size}-{h.val_fraction}-{h.test_fraction}-{h.seed}"
-            f"-{h.tokenizer_train_chars}"
-        )
-        return Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / f"{key}.json"
+        return [fingerprint(self.corpus), h.val_fraction, h.test_fraction, h.seed, h.tokenizer_train_chars]
 
     @cached_property
     def splits(self) -> dict[str, list[tuple[str, str]]]:
@@ -91,12 +85,15 @@ class CausalLMDataModule(CollatedSplits):
         the first ``tokenizer_train_chars`` characters of the training split (``train_texts``, by default read
         from ``splits``) and cached under ``cache_dir``."""
         h = self.hparams
-        if h.tokenizer_path:
-            return Tokenizer.from_file(h.tokenizer_path)
         if train_texts is None:
             train_texts = (text for _, text in self.splits["train"])
-        return Tokenizer.load_or_train(
-            self.tokenizer_cache, lambda: self._tokenizer_sample(train_texts), h.tokenizer, h.vocab_size
+        return Tokenizer.for_data(
+            h.tokenizer_path,
+            h.cache_dir,
+            lambda: self.tokenizer_identity,
+            lambda: self._tokenizer_sample(train_texts),
+            h.tokenizer,
+            h.vocab_size,
         )
 
     def _tokenizer_sample(self, texts: Iterable[str]) -> list[str]:

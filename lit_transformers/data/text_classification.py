@@ -7,10 +7,8 @@ Each example is a text (and optionally a second text, ``text_pair``) with a labe
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import logging
-import os
 from functools import cached_property
 from pathlib import Path
 
@@ -162,36 +160,28 @@ class TextClassificationDataModule(CollatedSplits):
                     )
         return splits
 
-    @cached_property
-    def tokenizer_cache(self) -> Path:
+    def tokenizer_identity(self) -> list:
         h = self.hparams
-        identity = json.dumps(
-            [
-                h.source,
-                h.path,
-                h.languages,
-                h.max_per_language,
-                h.min_letters,
-                h.val_fraction,
-                h.test_fraction,
-                h.seed,
-                self._file_identity(),
-            ],
-            default=str,
-        )
-        key = f"{hashlib.sha1(identity.encode()).hexdigest()[:16]}-wordpiece-{h.vocab_size}-{h.lowercase}"
-        return Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / f"{key}.json"
-
-    def _file_identity(self):
-        path = Path(self.hparams.path or DEFAULT_LOCALE_DIR).expanduser()
-        return (path.stat().st_size, path.stat().st_mtime_ns) if path.is_file() else None
+        path = Path(h.path or DEFAULT_LOCALE_DIR).expanduser()
+        stat = (path.stat().st_size, path.stat().st_mtime_ns) if path.is_file() else None
+        return [
+            h.source,
+            h.path,
+            h.languages,
+            h.max_per_language,
+            h.min_letters,
+            h.val_fraction,
+            h.test_fraction,
+            h.seed,
+            stat,
+        ]
 
     def load_tokenizer(self) -> Tokenizer:
         h = self.hparams
-        if h.tokenizer_path:
-            return Tokenizer.from_file(h.tokenizer_path)
-        return Tokenizer.load_or_train(
-            self.tokenizer_cache,
+        return Tokenizer.for_data(
+            h.tokenizer_path,
+            h.cache_dir,
+            self.tokenizer_identity,
             lambda: [t for e in self.splits["train"] for t in (e["text"], e["text_pair"]) if t],
             "wordpiece",
             h.vocab_size,

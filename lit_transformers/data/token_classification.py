@@ -7,10 +7,7 @@ goes on the first piece, the other pieces (and [CLS], [SEP], padding) get IGNORE
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 from functools import cached_property
 from pathlib import Path
 
@@ -121,21 +118,18 @@ class TokenClassificationDataModule(CollatedSplits):
     def class_names(self) -> list[str]:
         return sorted({label for s in self.splits["train"] for label in s["labels"]})
 
-    @cached_property
-    def tokenizer_cache(self) -> Path:
+    def tokenizer_identity(self) -> list:
         h = self.hparams
         path = Path(h.path).expanduser() if h.path else None
         stat = (path.stat().st_size, path.stat().st_mtime_ns) if path and path.is_file() else None
-        identity = json.dumps([h.path, stat, h.val_fraction, h.test_fraction, h.seed])
-        key = f"{hashlib.sha1(identity.encode()).hexdigest()[:16]}-wordpiece-{h.vocab_size}-{h.lowercase}"
-        return Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / f"{key}.json"
+        return [h.path, stat, h.val_fraction, h.test_fraction, h.seed]
 
     def load_tokenizer(self) -> Tokenizer:
         h = self.hparams
-        if h.tokenizer_path:
-            return Tokenizer.from_file(h.tokenizer_path)
-        return Tokenizer.load_or_train(
-            self.tokenizer_cache,
+        return Tokenizer.for_data(
+            h.tokenizer_path,
+            h.cache_dir,
+            self.tokenizer_identity,
             lambda: [" ".join(s["words"]) for s in self.splits["train"]],
             "wordpiece",
             h.vocab_size,

@@ -8,10 +8,8 @@ the exact-resume guarantee of :func:`lit_transformers.data.loaders.make_loader`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import re
 from collections import Counter, defaultdict
 from functools import cached_property
@@ -234,8 +232,7 @@ class TranslationDataModule(CollatedSplits):
             splits[split_of[pair[0]]].append(pair)
         return splits
 
-    def tokenizer_cache(self, side: str, vocab_size: int) -> Path:
-        """Where the BPE of ``side`` (joint, source or target) trained on this data is cached."""
+    def tokenizer_identity(self) -> list:
         h = self.hparams
         identity = [
             h.source,
@@ -252,17 +249,16 @@ class TranslationDataModule(CollatedSplits):
         if h.source == "file":
             stat = Path(h.path).expanduser().stat()
             identity.append((stat.st_size, stat.st_mtime_ns))
-        key = hashlib.sha1(json.dumps(identity, default=str).encode()).hexdigest()[:16]
-        name = f"{key}-translation-{side}-bpe-{vocab_size}.json"
-        return Path(os.path.expanduser(h.cache_dir)) / "tokenizers" / name
+        return identity
 
     def _load_or_train(self, side: str, path: str | None, sides: tuple[int, ...]) -> Tokenizer:
-        if path:
-            return Tokenizer.from_file(path)
+        """The BPE of ``side`` (joint, source or target): ``path``, or one trained on the training split."""
         h = self.hparams
         vocab_size = (h.src_vocab_size or h.vocab_size) if side == "source" else h.vocab_size
-        return Tokenizer.load_or_train(
-            self.tokenizer_cache(side, vocab_size),
+        return Tokenizer.for_data(
+            path,
+            h.cache_dir,
+            lambda: [*self.tokenizer_identity(), side],
             lambda: [pair[i] for pair in self.splits["train"] for i in sides],
             "bpe",
             vocab_size,

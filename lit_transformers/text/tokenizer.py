@@ -8,6 +8,7 @@ special token plays which role (pad, bos, eos, unk; BERT adds cls, sep, mask) tr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -135,6 +136,28 @@ class Tokenizer:
         tmp.replace(path)
         log.info("Trained %s tokenizer (%d tokens) -> %s", kind, tokenizer.vocab_size, path)
         return tokenizer
+
+    @classmethod
+    def for_data(
+        cls,
+        tokenizer_path: str | None,
+        cache_dir: str | Path,
+        identity: Callable[[], object],
+        texts: Callable[[], Iterable[str]],
+        kind: str,
+        vocab_size: int,
+        lowercase: bool = False,
+    ) -> Tokenizer:
+        """A datamodule's tokenizer: the file at ``tokenizer_path`` when one is given, else
+        :meth:`load_or_train` on ``texts()``, cached under ``cache_dir`` by a hash of ``identity()`` (what
+        changes the training texts: the data, the split, the seed), ``kind``, ``vocab_size`` and
+        ``lowercase``. Both are callables so that a given ``tokenizer_path`` reads no data."""
+        if tokenizer_path:
+            return cls.from_file(tokenizer_path)
+        key = json.dumps([identity(), kind, vocab_size, lowercase], default=str)
+        name = f"{kind}-{vocab_size}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
+        cache = Path(cache_dir).expanduser() / "tokenizers" / name
+        return cls.load_or_train(cache, texts, kind, vocab_size, lowercase=lowercase)
 
     @classmethod
     def from_file(cls, path: str | Path, special_tokens: Mapping[str, str] | None = None) -> Tokenizer:
