@@ -1,8 +1,8 @@
 """Training-step throughput of our GPT against two peers holding the same weights, on the same batches, each
 computing the mean next-token loss its own way:
 
-- ``ours``: ``GPT(idx, labels=...)`` as our tasks train (the LM head fused with the cross-entropy, a chunk of positions at
-  a time: ``nn.linear_cross_entropy``);
+- ``ours``: ``GPT(idx, labels=...)`` as our tasks train (the LM head fused with the cross-entropy, a chunk
+  of positions at a time: ``nn.linear_cross_entropy``);
 - ``hf``: ``transformers.GPT2LMHeadModel(input_ids, labels, shift_labels)`` at identical numerics (its
   activation is ATen's, as ours: ``gelu`` or ``gelu_pytorch_tanh``; HF's default ``gelu_new`` is Python code
   and would flatter us); logits, then its ``ForCausalLMLoss``;
