@@ -154,10 +154,10 @@ class GPT(nn.Module):
 
         With ``labels`` (B, T) (``IGNORE_INDEX`` where a position has no target), as nanoGPT's
         ``forward(idx, targets)``: the loss instead, as (summed next-token cross-entropy, number of labelled
-        positions), over every position (``last_only`` does not apply). The LM head and the loss then run fused, a chunk of positions at a time
-        (``nn.linear_cross_entropy``): faster than logits followed by ``F.cross_entropy``, and the
-        (B, T, vocab_size) logits are never held. Training goes through ``forward`` (not a separate method),
-        so that ``compile=true`` compiles it.
+        positions), over every position (``last_only`` does not apply). The LM head and the loss then run
+        fused, a chunk of positions at a time (``nn.linear_cross_entropy``): faster than logits followed by
+        ``F.cross_entropy``, and the (B, T, vocab_size) logits are never held. Training goes through
+        ``forward`` (not a separate method), so that ``compile=true`` compiles it.
         """
         hidden = self.hidden_states(idx, position_ids, mask, caches)
         if labels is not None:
