@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from nanogpt import NanoGPT
 
 from lit_transformers.callbacks.throughput import matmul_flops
+from lit_transformers.nn import token_mean
 
 from gpt_pair import add_model_args, same_weight_pair
 
@@ -104,8 +105,7 @@ def quiet_rounds(
 
 
 def fused_head_loss(model, x, y):
-    total, count = model(x, labels=y)
-    return total / count
+    return token_mean(*model(x, labels=y))
 
 
 def logits_loss(model, x, y):

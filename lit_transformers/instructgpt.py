@@ -43,6 +43,7 @@ from lit_transformers.utils.errors import report_user_errors
 
 log = logging.getLogger(__name__)
 
+PROMPTS_PER_ROLLOUT = 64  # the label stage samples this many prompts (x samples_per_prompt) at once
 PARENTS = {"pretrain": None, "sft": "pretrain", "label": "sft", "reward": "sft", "ppo": "sft", "dpo": "sft"}
 
 
@@ -121,15 +122,14 @@ def label_comparisons(
                     " bring your own comparisons with data.source=jsonl in the reward and dpo stages instead"
                 )
             items = data.datasets[split]
-            for start in range(0, len(items), 64):
-                chunk = records[start : start + 64]
-                ids, mask = left_pad(
-                    [it["prompt"] for it in items[start : start + 64]] * samples_per_prompt, tok.pad_id
-                )
-                out_ = rollout(
+            for start in range(0, len(items), PROMPTS_PER_ROLLOUT):
+                rows = slice(start, start + PROMPTS_PER_ROLLOUT)
+                chunk = records[rows]
+                ids, mask = left_pad([it["prompt"] for it in items[rows]] * samples_per_prompt, tok.pad_id)
+                generated = rollout(
                     policy, tok, ids.to(device), mask.to(device), max_new_tokens, temperature, generator
                 )
-                texts = decode_responses(tok, out_.responses, out_.response_mask)
+                texts = decode_responses(tok, generated.responses, generated.response_mask)
                 for i, record in enumerate(chunk):
                     samples = texts[i :: len(chunk)]
                     verdicts = [judge(t, record["answer"]) for t in samples]

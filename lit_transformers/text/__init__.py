@@ -21,12 +21,12 @@ __all__ = [
     "Tokenizer",
     "build_nsp_pairs",
     "eos_terminated",
+    "hashed_order",
     "left_pad",
     "mask_tokens",
     "pack_pair",
     "pad_pairs",
     "right_pad",
-    "hashed_order",
     "split_by_fractions",
     "split_sentences",
 ]
