@@ -253,6 +253,19 @@ def test_to_hf_round_trips_through_save_pretrained(tmp_path):
             )
 
 
+def test_a_model_without_logits_bias_exports_with_marians_zero_final_logits_bias():
+    ours = _model(position="sinusoidal_concat", activation="silu")
+    assert ours.output.bias is None
+    src, valid = _sources([8, 5], TINY["vocab_size"])
+    tgt, _ = _sources([6, 6], TINY["vocab_size"], seed=2)
+    with torch.no_grad():
+        hf = ours.to_hf()
+        assert not hf.final_logits_bias.any()
+        torch.testing.assert_close(
+            _marian_logits(hf, src, valid, tgt), ours(src, tgt, valid), atol=1e-5, rtol=0
+        )
+
+
 def test_from_hf_refuses_what_it_cannot_represent(tmp_path):
     transformers = pytest.importorskip("transformers")
     with pytest.raises(ValueError, match="decoder_attention_heads"):

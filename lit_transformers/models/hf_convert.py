@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -64,37 +64,31 @@ class Weight:
         return self.hf if isinstance(self.hf, tuple) else (self.hf, *self.aliases)
 
 
+def _each(names: str | tuple[str, ...], rename: Callable[[str], str]) -> str | tuple[str, ...]:
+    return tuple(map(rename, names)) if isinstance(names, tuple) else rename(names)
+
+
 def affine(
     ours: str, hf: str | tuple[str, ...], layout: str = "same", optional: bool = False
 ) -> list[Weight]:
     """A Linear's or LayerNorm's weight and bias (the bias keeps its layout: it is a vector)."""
-
-    def part(name: str, suffix: str) -> str | tuple[str, ...]:
-        return tuple(f"{n}.{suffix}" for n in name) if isinstance(name, tuple) else f"{name}.{suffix}"
-
     return [
-        Weight(f"{ours}.weight", part(hf, "weight"), layout, optional=optional),
-        Weight(f"{ours}.bias", part(hf, "bias"), optional=optional),
+        Weight(f"{ours}.weight", _each(hf, lambda name: f"{name}.weight"), layout, optional=optional),
+        Weight(f"{ours}.bias", _each(hf, lambda name: f"{name}.bias"), optional=optional),
     ]
 
 
 def repeat(layer: Iterable[Weight], n: int, ours_prefix: str, hf_prefix: str) -> list[Weight]:
     """``layer``'s weights for layers 0..n-1; the prefixes hold ``{i}``."""
-
-    def at(prefix: str, i: int, names: str | tuple[str, ...]) -> str | tuple[str, ...]:
-        p = prefix.format(i=i)
-        return tuple(p + name for name in names) if isinstance(names, tuple) else p + names
-
     return [
-        Weight(
-            at(ours_prefix, i, w.ours),
-            at(hf_prefix, i, w.hf),
-            w.layout,
-            at(hf_prefix, i, w.aliases),
-            w.optional,
+        replace(
+            weight,
+            ours=ours_prefix.format(i=i) + weight.ours,
+            hf=_each(weight.hf, hf_prefix.format(i=i).__add__),
+            aliases=_each(weight.aliases, hf_prefix.format(i=i).__add__),
         )
         for i in range(n)
-        for w in layer
+        for weight in layer
     ]
 
 
@@ -153,12 +147,16 @@ def activation_to_hf(name: str, family: str) -> str:
     return EXPORTED_ACTIVATIONS[name]
 
 
+def _bare_body(keys: Iterable[str], prefix: str) -> bool:
+    """Whether state dict ``keys`` are a bare body's (``GPT2Model``, ``BertModel``): none starts with ``prefix``."""
+    return bool(prefix) and not any(key.startswith(prefix) for key in keys)
+
+
 def state_from_hf(hf_state: dict[str, torch.Tensor], name_map: NameMap) -> dict[str, torch.Tensor]:
     """Our tensors from a HF state dict; refuses, by name, HF weights the map does not use and those it needs
     that the state dict lacks."""
-    prefix = name_map.body_prefix
-    if prefix and not any(key.startswith(prefix) for key in hf_state):  # a bare body
-        hf_state = {prefix + key: value for key, value in hf_state.items()}
+    if _bare_body(hf_state, name_map.body_prefix):
+        hf_state = {name_map.body_prefix + key: value for key, value in hf_state.items()}
     ours, lacking = {}, []
     for weight in name_map.weights:
         present = [key for key in weight.hf_keys if key in hf_state]
@@ -166,9 +164,8 @@ def state_from_hf(hf_state: dict[str, torch.Tensor], name_map: NameMap) -> dict[
             lacking += sorted(set(weight.hf) - set(present))
         elif not present and weight.optional:
             log.warning(
-                "The %s checkpoint has no %s; %s starts from a fresh initialisation",
-                name_map.family, weight.hf, weight.ours,
-            )  # fmt: skip
+                "The %s checkpoint has no %s; %s starts fresh", name_map.family, weight.hf, weight.ours
+            )
         elif not present:
             lacking.append(weight.hf)
         elif isinstance(weight.hf, tuple):
@@ -216,7 +213,7 @@ def state_to_hf(state: dict[str, torch.Tensor], name_map: NameMap) -> dict[str, 
 
 def load_exactly(
     module: nn.Module, state: dict[str, torch.Tensor], may_lack: Callable[[str], bool], what: str
-):
+) -> None:
     """``module.load_state_dict(state)`` where ``state`` must name only tensors of ``module`` and set every
     one (a tied tensor through any of its names) but those ``may_lack``; a miss is a bug of the name map."""
     tensors = module.state_dict(keep_vars=True)
@@ -241,9 +238,8 @@ def export_to_hf(
     """``hf_model`` (eval mode) holding our ``model``'s weights through ``name_map``; ``save_pretrained`` to
     ``save_dir`` when given."""
     hf_state = state_to_hf(model.state_dict(), name_map)
-    prefix = name_map.body_prefix
-    if prefix and not any(key.startswith(prefix) for key in hf_model.state_dict()):  # a bare body
-        hf_state = {key.removeprefix(prefix): value for key, value in hf_state.items()}
+    if _bare_body(hf_model.state_dict(), name_map.body_prefix):
+        hf_state = {key.removeprefix(name_map.body_prefix): value for key, value in hf_state.items()}
     load_exactly(hf_model, hf_state, lambda key: key.endswith(name_map.buffers), name_map.family)
     if save_dir is not None:
         hf_model.save_pretrained(str(save_dir))

@@ -113,33 +113,26 @@ def config_from_hf(hf: dict, shared: bool) -> Seq2SeqConfig:
 
 def name_map(config: Seq2SeqConfig) -> NameMap:
     tied_output = ("lm_head.weight",) if config.tie_output else ()
-    if config.share_embeddings:
-        embeddings = [
-            Weight(
-                "tgt_emb.weight", SHARED_EMBEDDING_KEYS[0], aliases=(*SHARED_EMBEDDING_KEYS[1:], *tied_output)
-            )
-        ]
+    if config.share_embeddings:  # one matrix: the source and target embeddings (and a tied output layer)
+        shared, *copies = SHARED_EMBEDDING_KEYS
+        weights = [Weight("tgt_emb.weight", shared, aliases=(*copies, *tied_output))]
     else:
-        embeddings = [
+        weights = [
             Weight("src_emb.weight", "model.encoder.embed_tokens.weight"),
             Weight("tgt_emb.weight", "model.decoder.embed_tokens.weight", aliases=tied_output),
         ]
-    weights = [
-        *embeddings,
-        *(() if config.tie_output else [Weight("output.weight", "lm_head.weight")]),
-        *([Weight("output.bias", "final_logits_bias", "row")] if config.output_bias else ()),
-        *repeat(LAYER, config.n_encoder_layer, "encoder.{i}.", "model.encoder.layers.{i}."),
-        *repeat(LAYER + CROSS, config.n_decoder_layer, "decoder.{i}.", "model.decoder.layers.{i}."),
-    ]
-    # the [sin | cos] tables HF computes (checked against ours by _check_positions instead); without a logits
-    # bias, HF's all-zero final_logits_bias buffer; unshared, model.shared, which transformers 5 leaves unused
-    # (it embeds with the encoder's and the decoder's own matrices)
-    buffers = (
-        "embed_positions.weight",
-        *(() if config.output_bias else ("final_logits_bias",)),
-        *(() if config.share_embeddings else ("model.shared.weight",)),
-    )
-    return NameMap(FAMILY, tuple(weights), buffers=buffers)
+    if not config.tie_output:
+        weights.append(Weight("output.weight", "lm_head.weight"))
+    if config.output_bias:
+        weights.append(Weight("output.bias", "final_logits_bias", "row"))
+    weights += repeat(LAYER, config.n_encoder_layer, "encoder.{i}.", "model.encoder.layers.{i}.")
+    weights += repeat(LAYER + CROSS, config.n_decoder_layer, "decoder.{i}.", "model.decoder.layers.{i}.")
+    buffers = ["embed_positions.weight"]  # the [sin | cos] tables HF computes; _check_positions checks them
+    if not config.output_bias:  # HF's final_logits_bias buffer stays all zeros: no bias, as ours
+        buffers.append("final_logits_bias")
+    if not config.share_embeddings:  # transformers 5 embeds with the encoder's and decoder's own matrices
+        buffers.append("model.shared.weight")
+    return NameMap(FAMILY, tuple(weights), buffers=tuple(buffers))
 
 
 def _check_positions(hf_state: dict[str, torch.Tensor], config: Seq2SeqConfig) -> None:
@@ -213,8 +206,6 @@ def to_hf(model: Seq2SeqTransformer, save_dir: str | Path | None = None):
     for what Marian cannot represent."""
     from transformers import MarianMTModel
 
-    hf_model = hf_convert.export_to_hf(model, MarianMTModel(hf_config(model.config)), name_map(model.config))
+    hf_model = MarianMTModel(hf_config(model.config))
     _check_positions(hf_model.state_dict(), model.config)
-    if save_dir is not None:
-        hf_model.save_pretrained(str(save_dir))
-    return hf_model
+    return hf_convert.export_to_hf(model, hf_model, name_map(model.config), save_dir)
