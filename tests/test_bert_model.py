@@ -113,15 +113,9 @@ def test_to_hf_round_trips(tmp_path, heads, activation):
     """The exported config's hidden_act is what ours computes, in the FFN and in the MLM head alike."""
     torch.manual_seed(3)
     config = BERTConfig(
-        vocab_size=101,
-        max_position=40,
-        n_layer=2,
-        n_head=4,
-        d_model=32,
-        d_ff=48,
-        activation=activation,
+        vocab_size=101, max_position=40, n_layer=2, n_head=4, d_model=32, d_ff=48, activation=activation,
         pretraining_heads=heads,
-    )
+    )  # fmt: skip
     ours = _randomise(BERT(config))
     ids, mask, types = _inputs(seed=6)
     hidden = ours(ids, mask, types)

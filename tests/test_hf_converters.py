@@ -61,6 +61,14 @@ def test_a_weight_the_file_lacks_is_refused_by_name(tmp_path, family):
         cls.from_hf(path)
 
 
+def test_a_tied_copy_that_differs_from_its_tensor_is_refused(tmp_path):
+    """A tied GPT-2 (tie_word_embeddings=true) whose file holds an lm_head.weight of its own: the file
+    contradicts its config, so neither matrix is silently taken."""
+    path = _saved(tmp_path, "gpt2", lambda state: state.update({"lm_head.weight": torch.randn(97, 32)}))
+    with pytest.raises(ValueError, match=r"\['lm_head.weight'\] should be tied to 'transformer.wte.weight'"):
+        GPT.from_hf(path)
+
+
 def test_old_gpt2_files_causal_mask_buffers_are_not_weights(tmp_path):
     """GPT-2 files saved before transformers made them non-persistent hold each layer's causal mask
     (``attn.bias``) and its fill value (``attn.masked_bias``): the allow-list skips them."""

@@ -6,6 +6,11 @@ The strictness rule, the same for every family: a HF weight that the map does no
 and the file lacks, is refused by name (a checkpoint of another architecture or head would otherwise load
 half-way and compute something else). Only the keys a map lists in ``buffers`` are skipped: tensors HF keeps
 that hold no weight of ours.
+
+A new family is one module like ``hf_gpt2``: its per-layer and global :class:`Weight` rows (built with
+:func:`affine` and :func:`repeat`), ``name_map(config)``, the config translation both ways, and ``from_hf`` /
+``to_hf`` of a few lines calling :func:`load_hf_checkpoint`, :func:`load_from_hf` and :func:`export_to_hf`. A
+tensor stored in another layout is one more row of ``LAYOUTS``.
 """
 
 from __future__ import annotations
