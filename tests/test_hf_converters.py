@@ -1,5 +1,6 @@
-"""The converter idiom shared by GPT-2, BERT and Marian: one activation table, one strictness rule (a HF weight
-the name map does not use, or one it needs that the file lacks, is refused by name), the buffer allow-list."""
+"""The converter idiom shared by GPT-2, BERT and Marian: one activation table, one strictness rule (a HF
+weight the name map does not use, or one it needs that the file lacks, is refused by name), the buffer
+allow-list."""
 
 import re
 
@@ -17,7 +18,7 @@ from lit_transformers.nn.blocks import ACTIVATIONS
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-# family: (a small random HF model, our class, a weight of a head or layer we do not convert, a weight we need)
+# family: (a small random HF model, our class, a weight of a head or layer we do not convert, one we need)
 FAMILIES = {
     "gpt2": (_gpt2, GPT, "score.weight", "transformer.h.1.mlp.c_fc.weight"),
     "bert": (

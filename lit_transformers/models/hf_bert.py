@@ -93,8 +93,8 @@ def hf_config(c):
 
 
 def from_hf(cls, path_or_model, pretraining_heads: bool | None = None):
-    """``cls`` holding a HF BERT's weights; ``pretraining_heads`` defaults to whether the checkpoint has an MLM
-    head (``cls.predictions``), False drops the heads it has."""
+    """``cls`` holding a HF BERT's weights; ``pretraining_heads`` defaults to whether the checkpoint has an
+    MLM head (``cls.predictions``), False drops the heads it has."""
     hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY)
     has_mlm = any(key.startswith("cls.predictions.") for key in hf_state)
     heads = has_mlm if pretraining_heads is None else pretraining_heads

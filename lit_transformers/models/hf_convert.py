@@ -153,7 +153,7 @@ def activation_to_hf(name: str, family: str) -> str:
 
 
 def _bare_body(keys: Iterable[str], prefix: str) -> bool:
-    """Whether state dict ``keys`` are a bare body's (``GPT2Model``, ``BertModel``): none starts with ``prefix``."""
+    """Whether state dict ``keys`` are a bare body's (``GPT2Model``, ``BertModel``): none has ``prefix``."""
     return bool(prefix) and not any(key.startswith(prefix) for key in keys)
 
 
@@ -200,7 +200,8 @@ def _check_copies(hf_state: dict[str, torch.Tensor], keys: list[str], family: st
     if differing:
         raise ValueError(
             f"The {family} checkpoint's {differing} should be tied to {keys[0]!r} but differ from it; its "
-            "config's tying flags (tie_word_embeddings, share_encoder_decoder_embeddings) do not match its weights"
+            "config's tying flags (tie_word_embeddings, share_encoder_decoder_embeddings) contradict its "
+            "weights: fix the config.json"
         )
 
 

@@ -1,4 +1,5 @@
-"""Our Seq2SeqTransformer <-> Hugging Face ``MarianMTModel`` (OPUS-MT): the name map and the config translation.
+"""Our Seq2SeqTransformer <-> Hugging Face ``MarianMTModel`` (OPUS-MT): the name map and the config
+translation.
 
 Marian is the post-norm Transformer with scaled embeddings, sinusoidal positions laid out as [sin | cos]
 (our ``sinusoidal_concat``), no final LayerNorm, a bias on the logits (``final_logits_bias``) and, in OPUS-MT,
@@ -33,7 +34,8 @@ CROSS = [  # decoder layers only
     *affine("cross_attn.out_proj", "encoder_attn.out_proj"),
     *affine("ln_cross", "encoder_attn_layer_norm"),
 ]
-SHARED_EMBEDDING_KEYS = (  # the one matrix of a shared model; which copies a file holds depends on its version
+# the one matrix of a shared model; which of its copies a file holds depends on the version that saved it
+SHARED_EMBEDDING_KEYS = (
     "model.shared.weight",
     "model.encoder.embed_tokens.weight",
     "model.decoder.embed_tokens.weight",

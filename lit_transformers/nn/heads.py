@@ -17,8 +17,9 @@ class LMHead(nn.Linear):
 
 
 class MaskedLMHead(nn.Module):
-    """BERT's MLM head: transform (dense -> the model's activation -> LayerNorm), then a decoder to the vocabulary whose weight
-    is tied to the word embeddings and whose bias is its own (``cls.predictions`` in Hugging Face)."""
+    """BERT's MLM head: transform (dense -> the model's activation -> LayerNorm), then a decoder to the
+    vocabulary whose weight is tied to the word embeddings and whose bias is its own (``cls.predictions`` in
+    Hugging Face)."""
 
     def __init__(self, d_model: int, vocab_size: int, norm_eps: float = 1e-12, activation: str = "gelu"):
         super().__init__()
