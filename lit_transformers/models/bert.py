@@ -155,7 +155,8 @@ class BERT(nn.Module):
         """Load a Hugging Face BERT: a local directory (``config.json`` + ``model.safetensors`` or
         ``pytorch_model.bin``; ``BertModel``, ``BertForPreTraining``/``BertForMaskedLM`` or a
         sentence-transformers root) or a ``transformers`` model object. ``pretraining_heads`` defaults to
-        whether the checkpoint has an MLM head; False drops them."""
+        whether the checkpoint has an MLM head; False drops them. Other weights it cannot hold (a
+        ``BertForSequenceClassification``'s classifier) are refused by name."""
         from lit_transformers.models.hf_bert import from_hf
 
         return from_hf(cls, path_or_model, pretraining_heads)
