@@ -56,10 +56,11 @@ def test_hidden_states_and_pooled_output_match_bert_model(act):
     torch.testing.assert_close(ours.pool(hidden), out.pooler_output, atol=1e-4, rtol=0)
 
 
-def test_mlm_and_nsp_logits_match_bert_for_pretraining():
-    hf = _hf(transformers.BertForPreTraining, seed=2)
+@pytest.mark.parametrize("act", ["gelu", "relu"])
+def test_mlm_and_nsp_logits_match_bert_for_pretraining(act):
+    hf = _hf(transformers.BertForPreTraining, seed=2, hidden_act=act)
     ours = BERT.from_hf(hf).eval()
-    assert ours.config.pretraining_heads
+    assert ours.config.pretraining_heads and ours.config.activation == act
     ids, mask, types = _inputs(seed=3)
     out = hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
     hidden = ours(ids, mask, types)
@@ -107,12 +108,14 @@ def test_from_hf_errors_name_the_problem(tmp_path):
         BERT.from_hf(tmp_path)
 
 
-@pytest.mark.parametrize("heads", [True, False])
-def test_to_hf_round_trips(tmp_path, heads):
+@pytest.mark.parametrize(("heads", "activation"), [(True, "gelu"), (True, "relu"), (False, "gelu")])
+def test_to_hf_round_trips(tmp_path, heads, activation):
+    """The exported config's hidden_act is what ours computes, in the FFN and in the MLM head alike."""
     torch.manual_seed(3)
     config = BERTConfig(
-        vocab_size=101, max_position=40, n_layer=2, n_head=4, d_model=32, d_ff=48, pretraining_heads=heads
-    )
+        vocab_size=101, max_position=40, n_layer=2, n_head=4, d_model=32, d_ff=48, activation=activation,
+        pretraining_heads=heads,
+    )  # fmt: skip
     ours = _randomise(BERT(config))
     ids, mask, types = _inputs(seed=6)
     hidden = ours(ids, mask, types)

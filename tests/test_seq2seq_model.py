@@ -211,11 +211,17 @@ def test_separate_vocabularies_and_untied_output_match_marian():
         )
 
 
-def test_greedy_translation_is_token_identical_to_marian_generate():
+@pytest.mark.parametrize("marian", ["hugging_face", "our_export"])
+def test_greedy_translation_is_token_identical_to_marian_generate(marian, tmp_path):
+    """Against a Marian built by transformers, and against ours exported with ``to_hf`` and reloaded (its
+    saved generation config must not force EOS at the length limit, which ours does not do)."""
     hf = _marian(tie_word_embeddings=False)  # tied random embeddings mostly repeat the previous token
     with torch.no_grad():  # EOS likely enough that some translations end early and others at the length limit
         hf.final_logits_bias[0, MARIAN["eos_token_id"]] = 2.5
     ours = Seq2SeqTransformer.from_hf(hf).eval()
+    if marian == "our_export":
+        ours.to_hf(tmp_path)
+        hf = type(hf).from_pretrained(tmp_path).eval()
     lengths, extra = [7, 3, 10, 5], 6
     src, valid, _ = _marian_inputs(lengths, seed=3)
     translations = ours.translate(src, valid, beam_size=1, max_extra_tokens=extra)
@@ -245,6 +251,19 @@ def test_to_hf_round_trips_through_save_pretrained(tmp_path):
             torch.testing.assert_close(
                 reloaded.eval()(src, tgt, valid), ours(src, tgt, valid), atol=0, rtol=0
             )
+
+
+def test_a_model_without_logits_bias_exports_with_marians_zero_final_logits_bias():
+    ours = _model(position="sinusoidal_concat", activation="silu")
+    assert ours.output.bias is None
+    src, valid = _sources([8, 5], TINY["vocab_size"])
+    tgt, _ = _sources([6, 6], TINY["vocab_size"], seed=2)
+    with torch.no_grad():
+        hf = ours.to_hf()
+        assert not hf.final_logits_bias.any()
+        torch.testing.assert_close(
+            _marian_logits(hf, src, valid, tgt), ours(src, tgt, valid), atol=1e-5, rtol=0
+        )
 
 
 def test_from_hf_refuses_what_it_cannot_represent(tmp_path):

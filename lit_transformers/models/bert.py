@@ -155,18 +155,15 @@ class BERT(nn.Module):
         """Load a Hugging Face BERT: a local directory (``config.json`` + ``model.safetensors`` or
         ``pytorch_model.bin``; ``BertModel``, ``BertForPreTraining``/``BertForMaskedLM`` or a
         sentence-transformers root) or a ``transformers`` model object. ``pretraining_heads`` defaults to
-        whether the checkpoint has an MLM head; False drops them."""
-        from lit_transformers.models.hf_bert import load_hf_bert, model_from_hf
+        whether the checkpoint has an MLM head; False drops them. Other weights it cannot hold (a
+        ``BertForSequenceClassification``'s classifier) are refused by name."""
+        from lit_transformers.models.hf_bert import from_hf
 
-        hf_config, hf_state = load_hf_bert(path_or_model)
-        return model_from_hf(cls, hf_config, hf_state, pretraining_heads)
+        return from_hf(cls, path_or_model, pretraining_heads)
 
     def to_hf(self, save_dir: str | Path | None = None):
         """Export as ``transformers.BertForPreTraining`` (with heads) or ``BertModel``; ``save_pretrained``
         it when save_dir is given."""
-        from lit_transformers.models.hf_bert import to_hf_model
+        from lit_transformers.models.hf_bert import to_hf
 
-        hf_model = to_hf_model(self)
-        if save_dir is not None:
-            hf_model.save_pretrained(str(save_dir))
-        return hf_model
+        return to_hf(self, save_dir)

@@ -169,18 +169,12 @@ class GPT(nn.Module):
     @classmethod
     def from_hf(cls, path_or_model) -> GPT:
         """Load a Hugging Face GPT-2: a local directory (config.json + weights) or a ``GPT2LMHeadModel``."""
-        from lit_transformers.models.hf_gpt2 import config_from_hf, load_hf_gpt2, state_dict_from_hf
+        from lit_transformers.models.hf_gpt2 import from_hf
 
-        hf_config, hf_state = load_hf_gpt2(path_or_model)
-        model = cls(config_from_hf(hf_config))
-        model.load_state_dict(state_dict_from_hf(hf_state, model.config), strict=True)
-        return model
+        return from_hf(cls, path_or_model)
 
     def to_hf(self, save_dir: str | Path | None = None):
         """Export as ``transformers.GPT2LMHeadModel`` (and ``save_pretrained`` it when save_dir is given)."""
-        from lit_transformers.models.hf_gpt2 import to_hf_model
+        from lit_transformers.models.hf_gpt2 import to_hf
 
-        hf_model = to_hf_model(self)
-        if save_dir is not None:
-            hf_model.save_pretrained(str(save_dir))
-        return hf_model
+        return to_hf(self, save_dir)

@@ -1,38 +1,40 @@
-"""Name and layout mapping between our Seq2SeqTransformer and Hugging Face ``MarianMTModel`` (OPUS-MT).
+"""Our Seq2SeqTransformer <-> Hugging Face ``MarianMTModel`` (OPUS-MT): the name map and the config
+translation.
 
 Marian is the post-norm Transformer with scaled embeddings, sinusoidal positions laid out as [sin | cos]
 (our ``sinusoidal_concat``), no final LayerNorm, a bias on the logits (``final_logits_bias``) and, in OPUS-MT,
 the SiLU ("swish") activation. HF keeps query, key and value as three ``nn.Linear``; our self-attention fuses
 them in ``qkv_proj`` and our cross-attention fuses key and value in ``kv_proj``, so those weights are
-concatenated on the way in and split on the way out. Everything else is a renaming, held here as data.
+concatenated on the way in and split on the way out. Everything else is a renaming.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
-from lit_transformers.models import hf_io
+from lit_transformers.models import hf_convert
+from lit_transformers.models.hf_convert import NameMap, Weight, affine, repeat
 from lit_transformers.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from lit_transformers.nn import sinusoidal_table
 
-HF_ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
-OUR_ACTIVATIONS = {"silu": "swish", "gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new"}
-# ours <- HF, per layer of either stack; the HF names are relative to model.{encoder,decoder}.layers.{i}.
-LAYER_NAMES = {
-    "attn.out_proj": "self_attn.out_proj",
-    "ln_1": "self_attn_layer_norm",
-    "mlp.fc": "fc1",
-    "mlp.proj": "fc2",
-    "ln_2": "final_layer_norm",
-}
-CROSS_NAMES = {
-    "cross_attn.q_proj": "encoder_attn.q_proj",
-    "cross_attn.out_proj": "encoder_attn.out_proj",
-    "ln_cross": "encoder_attn_layer_norm",
-}
-# fused projections: ours <- the HF projections concatenated along the output dimension, in this order
-FUSED = {"attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")}
-CROSS_FUSED = {"cross_attn.kv_proj": ("encoder_attn.k_proj", "encoder_attn.v_proj")}
+FAMILY = "Marian"
+LAYER = [  # ours under {encoder,decoder}.{i}. <- HF under model.{encoder,decoder}.layers.{i}.
+    *affine("attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+    *affine("attn.out_proj", "self_attn.out_proj"),
+    *affine("ln_1", "self_attn_layer_norm"),
+    *affine("mlp.fc", "fc1"),
+    *affine("mlp.proj", "fc2"),
+    *affine("ln_2", "final_layer_norm"),
+]
+CROSS = [  # decoder layers only
+    *affine("cross_attn.q_proj", "encoder_attn.q_proj"),
+    *affine("cross_attn.kv_proj", ("encoder_attn.k_proj", "encoder_attn.v_proj")),
+    *affine("cross_attn.out_proj", "encoder_attn.out_proj"),
+    *affine("ln_cross", "encoder_attn_layer_norm"),
+]
+# the one matrix of a shared model; which of its copies a file holds depends on the version that saved it
 SHARED_EMBEDDING_KEYS = (
     "model.shared.weight",
     "model.encoder.embed_tokens.weight",
@@ -62,9 +64,7 @@ def config_from_hf(hf: dict, shared: bool) -> Seq2SeqConfig:
     Seq2SeqTransformer cannot represent."""
     if hf.get("model_type", "marian") != "marian":
         raise ValueError(f"Expected a Marian checkpoint, got model_type={hf.get('model_type')!r}")
-    activation = hf.get("activation_function", "gelu")
-    if activation not in HF_ACTIVATIONS:
-        raise ValueError(f"Unsupported Marian activation {activation!r}; supported: {sorted(HF_ACTIVATIONS)}")
+    activation = hf_convert.activation_from_hf(hf.get("activation_function", "gelu"), FAMILY)
     for flag, marian_value in LEGACY_FLAGS.items():
         if hf.get(flag, marian_value) != marian_value:
             raise ValueError(
@@ -99,7 +99,7 @@ def config_from_hf(hf: dict, shared: bool) -> Seq2SeqConfig:
         d_ff=hf["encoder_ffn_dim"],
         dropout=hf.get("dropout", 0.1),
         attn_dropout=hf.get("attention_dropout", 0.0),
-        activation=HF_ACTIVATIONS[activation],
+        activation=activation,
         norm_first=False,
         position="sinusoidal_concat",
         scale_embeddings=hf.get("scale_embedding", False),
@@ -113,27 +113,28 @@ def config_from_hf(hf: dict, shared: bool) -> Seq2SeqConfig:
     )
 
 
-def _layer_pairs(config: Seq2SeqConfig):
-    """(our prefix, HF prefix, renamings, fusions) of every encoder and decoder layer."""
-    for i in range(config.n_encoder_layer):
-        yield f"encoder.{i}.", f"model.encoder.layers.{i}.", LAYER_NAMES, FUSED
-    for i in range(config.n_decoder_layer):
-        yield f"decoder.{i}.", f"model.decoder.layers.{i}.", LAYER_NAMES | CROSS_NAMES, FUSED | CROSS_FUSED
-
-
-def _embedding_keys(config: Seq2SeqConfig) -> dict[str, tuple[str, ...]]:
-    """Ours <- the HF keys that may hold it, preferred first: which of them a checkpoint stores depends on
-    the transformers version that saved it (tied copies are dropped on save)."""
-    if config.share_embeddings:
-        keys = {"tgt_emb.weight": SHARED_EMBEDDING_KEYS}
+def name_map(config: Seq2SeqConfig) -> NameMap:
+    tied_output = ("lm_head.weight",) if config.tie_output else ()
+    if config.share_embeddings:  # one matrix: the source and target embeddings (and a tied output layer)
+        shared, *copies = SHARED_EMBEDDING_KEYS
+        weights = [Weight("tgt_emb.weight", shared, aliases=(*copies, *tied_output))]
     else:
-        keys = {
-            "src_emb.weight": ("model.encoder.embed_tokens.weight",),
-            "tgt_emb.weight": ("model.decoder.embed_tokens.weight",),
-        }
+        weights = [
+            Weight("src_emb.weight", "model.encoder.embed_tokens.weight"),
+            Weight("tgt_emb.weight", "model.decoder.embed_tokens.weight", aliases=tied_output),
+        ]
     if not config.tie_output:
-        keys["output.weight"] = ("lm_head.weight",)
-    return keys
+        weights.append(Weight("output.weight", "lm_head.weight"))
+    if config.output_bias:
+        weights.append(Weight("output.bias", "final_logits_bias", "row"))
+    weights += repeat(LAYER, config.n_encoder_layer, "encoder.{i}.", "model.encoder.layers.{i}.")
+    weights += repeat(LAYER + CROSS, config.n_decoder_layer, "decoder.{i}.", "model.decoder.layers.{i}.")
+    buffers = ["embed_positions.weight"]  # the [sin | cos] tables HF computes; _check_positions checks them
+    if not config.output_bias:  # HF's final_logits_bias buffer stays all zeros: no bias, as ours
+        buffers.append("final_logits_bias")
+    if not config.share_embeddings:  # transformers 5 embeds with the encoder's and decoder's own matrices
+        buffers.append("model.shared.weight")
+    return NameMap(FAMILY, tuple(weights), buffers=tuple(buffers))
 
 
 def _check_positions(hf_state: dict[str, torch.Tensor], config: Seq2SeqConfig) -> None:
@@ -144,67 +145,27 @@ def _check_positions(hf_state: dict[str, torch.Tensor], config: Seq2SeqConfig) -
             raise ValueError(f"{key} is not the sinusoidal [sin | cos] table that Marian computes")
 
 
-def state_dict_from_hf(hf_state: dict[str, torch.Tensor], config: Seq2SeqConfig) -> dict[str, torch.Tensor]:
-    """Our state dict from a HF MarianMTModel one; every HF weight must be used (else it is another model)."""
-    _check_positions(hf_state, config)
-    # model.shared is unused (transformers 5 embeds with the encoder's and decoder's own matrices) when the
-    # two differ; when they are one, it is that matrix
-    used = {*POSITION_KEYS, "model.shared.weight"}
-
-    def take(hf_name: str) -> torch.Tensor:
-        if hf_name not in hf_state:
-            raise KeyError(f"Hugging Face Marian checkpoint is missing {hf_name!r}")
-        used.add(hf_name)
-        return hf_state[hf_name]
-
-    ours = {}
-    for name, candidates in _embedding_keys(config).items():
-        present = [key for key in candidates if key in hf_state]
-        if not present:
-            raise KeyError(f"Hugging Face Marian checkpoint has none of {list(candidates)}")
-        ours[name] = take(present[0])
-        used.update(present)  # tied copies of the same matrix
-    if config.share_embeddings:
-        ours["src_emb.weight"] = ours["tgt_emb.weight"]
-    if config.tie_output:
-        ours["output.weight"] = ours["tgt_emb.weight"]
-        used.add("lm_head.weight")
-    # transformers drops an all-zero final_logits_bias on load; a checkpoint without one has none
-    bias = hf_state.get("final_logits_bias", torch.zeros(1, config.vocab_size))
-    used.add("final_logits_bias")
-    ours["output.bias"] = bias.reshape(-1)
-    for our_prefix, hf_prefix, names, fused in _layer_pairs(config):
-        for part in ("weight", "bias"):
-            for name, hf_name in names.items():
-                ours[f"{our_prefix}{name}.{part}"] = take(f"{hf_prefix}{hf_name}.{part}")
-            for name, hf_names in fused.items():
-                parts = [take(f"{hf_prefix}{hf_name}.{part}") for hf_name in hf_names]
-                ours[f"{our_prefix}{name}.{part}"] = torch.cat(parts, dim=0)
-    unused = sorted(set(hf_state) - used)
-    if unused:
-        raise ValueError(f"Hugging Face Marian checkpoint has weights this model cannot hold: {unused}")
-    return ours
-
-
 def read_config(path_or_model) -> Seq2SeqConfig:
     """Our config for a Marian checkpoint (whether its embeddings are shared is read from the weights)."""
-    hf_config, hf_state = hf_io.load_hf_checkpoint(path_or_model, "Marian")
-    return config_from_hf(hf_config, embeddings_shared(hf_config, hf_state))
+    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY)
+    return config_from_hf(hf, embeddings_shared(hf, hf_state))
 
 
 def from_hf(cls: type[Seq2SeqTransformer], path_or_model) -> Seq2SeqTransformer:
     """``cls`` holding a ``MarianMTModel`` object's or a local Marian checkpoint directory's weights."""
-    hf_config, hf_state = hf_io.load_hf_checkpoint(path_or_model, "Marian")
-    model = cls(config_from_hf(hf_config, embeddings_shared(hf_config, hf_state)))
-    model.load_state_dict(state_dict_from_hf(hf_state, model.config), strict=True)
+    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY)
+    model = cls(config_from_hf(hf, embeddings_shared(hf, hf_state)))
+    _check_positions(hf_state, model.config)
+    # transformers drops an all-zero final_logits_bias on load; a checkpoint without one has none
+    hf_state = {"final_logits_bias": torch.zeros(1, model.config.vocab_size), **hf_state}
+    hf_convert.load_from_hf(model, hf_state, name_map(model.config))
     return model
 
 
-def to_hf(model: Seq2SeqTransformer):
-    """A ``transformers.MarianMTModel`` holding ``model``'s weights; raises for what Marian cannot represent."""
-    from transformers import MarianConfig, MarianMTModel
+def hf_config(c: Seq2SeqConfig):
+    """The ``MarianConfig`` of ``c``; raises for what Marian cannot represent."""
+    from transformers import MarianConfig
 
-    c = model.config
     unsupported = {
         "position": (c.position, "sinusoidal_concat"),
         "norm_first": (c.norm_first, False),
@@ -216,9 +177,7 @@ def to_hf(model: Seq2SeqTransformer):
                 f"Marian has model.{name}={marian_value} only; this model has {name}={value!r} and cannot be "
                 "exported to Hugging Face Marian"
             )
-    if c.activation not in OUR_ACTIVATIONS:
-        raise ValueError(f"Marian has no {c.activation!r} activation; supported: {sorted(OUR_ACTIVATIONS)}")
-    hf_config = MarianConfig(
+    return MarianConfig(
         vocab_size=c.src_vocab_size or c.vocab_size,
         decoder_vocab_size=c.vocab_size,
         max_position_embeddings=c.max_len,
@@ -229,7 +188,7 @@ def to_hf(model: Seq2SeqTransformer):
         encoder_ffn_dim=c.d_ff,
         decoder_ffn_dim=c.d_ff,
         d_model=c.d_model,
-        activation_function=OUR_ACTIVATIONS[c.activation],
+        activation_function=hf_convert.activation_to_hf(c.activation, FAMILY),
         dropout=c.dropout,
         attention_dropout=c.attn_dropout,
         scale_embedding=c.scale_embeddings,
@@ -238,28 +197,17 @@ def to_hf(model: Seq2SeqTransformer):
         pad_token_id=c.pad_id,
         decoder_start_token_id=c.bos_id,
         eos_token_id=c.eos_id,
-        forced_eos_token_id=c.eos_id,
+        # MarianConfig forces EOS as the last token at the length limit by default (forced_eos_token_id=0);
+        # ours ends a hypothesis there without one, so HF's greedy and beam decoding equal ours only unset
+        forced_eos_token_id=None,
     )
-    hf_model = MarianMTModel(hf_config)
-    ours = model.state_dict()
-    hf_state = {
-        "model.encoder.embed_tokens.weight": ours["src_emb.weight"],
-        "model.decoder.embed_tokens.weight": ours["tgt_emb.weight"],
-        "lm_head.weight": ours["output.weight"],
-        "final_logits_bias": ours["output.bias"][None] if c.output_bias else torch.zeros(1, c.vocab_size),
-    }
-    if c.share_embeddings:
-        hf_state["model.shared.weight"] = ours["tgt_emb.weight"]
-    for our_prefix, hf_prefix, names, fused in _layer_pairs(c):
-        for part in ("weight", "bias"):
-            for name, hf_name in names.items():
-                hf_state[f"{hf_prefix}{hf_name}.{part}"] = ours[f"{our_prefix}{name}.{part}"]
-            for name, hf_names in fused.items():
-                chunks = ours[f"{our_prefix}{name}.{part}"].chunk(len(hf_names), dim=0)
-                hf_state |= {f"{hf_prefix}{n}.{part}": t.contiguous() for n, t in zip(hf_names, chunks)}
-    result = hf_model.load_state_dict(hf_state, strict=False)
-    missing = [k for k in result.missing_keys if k not in POSITION_KEYS]
-    if missing or result.unexpected_keys:
-        raise RuntimeError(f"Marian export mismatch: missing {missing}, unexpected {result.unexpected_keys}")
-    _check_positions(hf_model.state_dict(), c)
-    return hf_model.eval()
+
+
+def to_hf(model: Seq2SeqTransformer, save_dir: str | Path | None = None):
+    """A ``transformers.MarianMTModel`` holding ``model``'s weights (saved to ``save_dir`` when given); raises
+    for what Marian cannot represent."""
+    from transformers import MarianMTModel
+
+    hf_model = MarianMTModel(hf_config(model.config))
+    _check_positions(hf_model.state_dict(), model.config)
+    return hf_convert.export_to_hf(model, hf_model, name_map(model.config), save_dir)

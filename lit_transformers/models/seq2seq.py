@@ -284,7 +284,4 @@ class Seq2SeqTransformer(nn.Module):
         """Export as ``transformers.MarianMTModel`` (and ``save_pretrained`` it when save_dir is given)."""
         from lit_transformers.models.hf_marian import to_hf
 
-        hf_model = to_hf(self)
-        if save_dir is not None:
-            hf_model.save_pretrained(str(save_dir))
-        return hf_model
+        return to_hf(self, save_dir)

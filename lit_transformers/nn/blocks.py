@@ -18,15 +18,20 @@ ACTIVATIONS = {
 }
 
 
+def activation_module(name: str) -> nn.Module:
+    """The ``ACTIVATIONS`` entry ``name`` (FFNs and the MLM head share the table)."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"Unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]()
+
+
 class FeedForward(nn.Module):
     """Position-wise FFN: Linear(d, d_ff) -> activation -> Linear(d_ff, d) -> dropout."""
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", dropout: float = 0.0, bias=True):
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"Unknown activation {activation!r}; choose one of {sorted(ACTIVATIONS)}")
         self.fc = nn.Linear(d_model, d_ff, bias=bias)
-        self.act = ACTIVATIONS[activation]()
+        self.act = activation_module(activation)
         self.proj = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 

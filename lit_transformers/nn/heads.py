@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lit_transformers.nn.blocks import activation_module
+
 
 class LMHead(nn.Linear):
     """Hidden states -> vocabulary logits, without bias (GPT-2); its weight may be tied to the embedding."""
@@ -15,13 +17,14 @@ class LMHead(nn.Linear):
 
 
 class MaskedLMHead(nn.Module):
-    """BERT's MLM head: transform (dense -> GELU -> LayerNorm), then a decoder to the vocabulary whose weight
-    is tied to the word embeddings and whose bias is its own (``cls.predictions`` in Hugging Face)."""
+    """BERT's MLM head: transform (dense -> the model's activation -> LayerNorm), then a decoder to the
+    vocabulary whose weight is tied to the word embeddings and whose bias is its own (``cls.predictions`` in
+    Hugging Face)."""
 
     def __init__(self, d_model: int, vocab_size: int, norm_eps: float = 1e-12, activation: str = "gelu"):
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
-        self.act = nn.GELU(approximate="tanh" if activation == "gelu_tanh" else "none")
+        self.act = activation_module(activation)  # HF's head applies hidden_act, as the FFN does
         self.norm = nn.LayerNorm(d_model, eps=norm_eps)
         self.decoder = nn.Linear(d_model, vocab_size, bias=False)  # weight tied by the model
         self.bias = nn.Parameter(torch.zeros(vocab_size))
