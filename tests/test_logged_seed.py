@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import wandb
 import yaml
+from test_instructgpt import TINY, TINY_DATA, TINY_TASK
 
 from lit_transformers.train import train
 
 from test_bert_classify import write_locale
 from test_bert_train import TINY_BERT, TINY_MODEL, TINY_TRAINER
-from test_instructgpt import TINY, TINY_DATA, TINY_TASK
 
 # one optimizer step and one validation batch, written to CSV, TensorBoard and an offline wandb run
 LOGGED = ["logger=many", "trainer.max_steps=1", "trainer.val_check_interval=1", "trainer.limit_val_batches=1"]
