@@ -6,16 +6,22 @@ from __future__ import annotations
 import pytest
 import wandb
 import yaml
-from test_instructgpt import TINY, TINY_DATA, TINY_TASK
 
 from lit_transformers.train import train
 
 from test_bert_classify import write_locale
 from test_bert_train import TINY_BERT, TINY_MODEL, TINY_TRAINER
+from test_instructgpt import TINY, TINY_DATA, TINY_TASK
 
-# one optimizer step and one validation batch, written to CSV, TensorBoard and an offline wandb run
+# one optimizer step and one validation batch, logged to CSV, TensorBoard and an offline wandb run
 LOGGED = ["logger=many", "trainer.max_steps=1", "trainer.val_check_interval=1", "trainer.limit_val_batches=1"]
-LOGGED += ["test=false", "data.seed=0"]
+LOGGED += ["test=false", "seed=1234", "data.seed=0"]
+CLASSIFY = ["data.vocab_size=300", "data.max_seq_len=48", "data.val_fraction=0.2", "data.test_fraction=0.2"]
+TINY_RUNS = {
+    "bert_pretrain": TINY_BERT,
+    "bert_classify": [*TINY_MODEL, *TINY_TRAINER, *CLASSIFY, "data.languages=[de,fr,es]"],
+    "gpt_sft": [*TINY, *TINY_DATA, *TINY_TASK],
+}
 
 
 @pytest.fixture
@@ -32,25 +38,16 @@ def wandb_configs(monkeypatch) -> list[dict]:
     return configs
 
 
-@pytest.mark.parametrize("experiment", ["bert_pretrain", "bert_classify", "gpt_sft"])
+@pytest.mark.parametrize("experiment", list(TINY_RUNS))
 def test_every_dashboard_logs_the_runs_seed_not_the_datamodules(
     experiment, compose_cfg, tmp_path, wandb_configs
 ):
-    if experiment == "gpt_sft":
-        overrides = [*TINY, *TINY_DATA, *TINY_TASK]
-    elif experiment == "bert_pretrain":
-        overrides = [*TINY_BERT]
-    else:
-        locale = write_locale(tmp_path / "locale", n_messages=10)
-        overrides = [*TINY_MODEL, *TINY_TRAINER, f"data.path={locale}", "data.languages=[de,fr,es]"]
-        overrides += [
-            "data.vocab_size=300",
-            "data.max_seq_len=48",
-            "data.val_fraction=0.2",
-            "data.test_fraction=0.2",
-        ]
-    cfg = compose_cfg(f"experiment={experiment}", *overrides, *LOGGED, "seed=1234")
-    train(cfg)
+    locale = (
+        [f"data.path={write_locale(tmp_path / 'locale', n_messages=10)}"]
+        if experiment == "bert_classify"
+        else []
+    )
+    train(compose_cfg(f"experiment={experiment}", *TINY_RUNS[experiment], *locale, *LOGGED))
     (wandb_config,) = wandb_configs
     logged = {
         "csv": yaml.safe_load((tmp_path / "csv" / "hparams.yaml").read_text()),

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
 
 from lit_transformers.data.checks import check_batch_size
+from lit_transformers.data.corpus import CorpusSpec, Document, fingerprint, load_documents, split_documents
 from lit_transformers.data.loaders import CollatedSplits
 from lit_transformers.text import Tokenizer
 
@@ -84,6 +85,24 @@ class TextDataModule(CollatedSplits):
     def prepare_data(self) -> None:
         """Train and cache the tokenizer once (rank 0); every rank loads it in ``setup``."""
         self.load_tokenizer()
+
+
+class CorpusDataModule(TextDataModule):
+    """A text family whose documents come from ``corpus`` (the fields of a :class:`CorpusSpec`), split by
+    document; its tokenizer is keyed by the corpus's fingerprint (its files' sizes and times)."""
+
+    def __init__(self, corpus: dict | None = None, **shared):
+        super().__init__(**shared)
+        self.corpus = CorpusSpec(**(corpus or {}))
+
+    def data_identity(self) -> str:
+        return fingerprint(self.corpus)
+
+    @cached_property
+    def splits(self) -> dict[str, list[Document]]:
+        """Documents per split, loaded once even when prepare_data and setup run in the same process."""
+        h = self.hparams
+        return split_documents(load_documents(self.corpus), h.val_fraction, h.test_fraction, h.seed)
 
 
 def _plain(value):

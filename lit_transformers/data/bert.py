@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import logging
 import random
-from functools import cached_property
 
 import torch
 
-from lit_transformers.data.base import TextDataModule
-from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents, split_documents
+from lit_transformers.data.base import CorpusDataModule, TextDataModule
 from lit_transformers.text import (
     IGNORE_INDEX,
     Tokenizer,
@@ -59,7 +57,7 @@ class EncoderCollator:
         return batch
 
 
-class MaskedLMDataModule(TextDataModule):
+class MaskedLMDataModule(CorpusDataModule):
     """Sentence pairs for MLM + NSP. Documents come from ``corpus`` (CPython's docs by default, one topic a
     document), are split into sentences by :func:`lit_transformers.text.split_sentences`, and paired by
     :func:`lit_transformers.text.build_nsp_pairs`, ``dupe_factor`` times over the training documents with
@@ -77,7 +75,6 @@ class MaskedLMDataModule(TextDataModule):
 
     def __init__(
         self,
-        corpus: dict | None = None,
         vocab_size: int = 8192,
         lowercase: bool = True,
         max_seq_len: int = 128,
@@ -88,15 +85,6 @@ class MaskedLMDataModule(TextDataModule):
         **shared,
     ):
         super().__init__(**shared)
-        self.corpus = CorpusSpec(**(corpus or {}))
-
-    def data_identity(self) -> str:
-        return fingerprint(self.corpus)
-
-    @cached_property
-    def splits(self) -> dict[str, list[tuple[str, str]]]:
-        h = self.hparams
-        return split_documents(load_documents(self.corpus), h.val_fraction, h.test_fraction, h.seed)
 
     def tokenizer_texts(self) -> list[str]:
         return [text for _, text in self.splits["train"]]

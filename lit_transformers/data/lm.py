@@ -8,19 +8,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from functools import cached_property, partial
+from functools import partial
 
 import torch
 from torch.utils.data import Dataset
 
-from lit_transformers.data.base import TextDataModule
+from lit_transformers.data.base import CorpusDataModule, TextDataModule
 from lit_transformers.data.corpus import (
-    CorpusSpec,
     document_index,
-    fingerprint,
-    load_documents,
     read_document,
-    split_documents,
 )
 from lit_transformers.data.token_stream import ShardedTokens, document_tokens, read_shards, write_shards
 from lit_transformers.text import Tokenizer, split_by_fractions
@@ -43,7 +39,7 @@ class TokenWindows(Dataset):
         return {"input_ids": window[:-1], "labels": window[1:]}
 
 
-class CausalLMDataModule(TextDataModule):
+class CausalLMDataModule(CorpusDataModule):
     tokenizer_independent = TextDataModule.tokenizer_independent | {
         "block_size",
         "shards_dir",
@@ -52,7 +48,6 @@ class CausalLMDataModule(TextDataModule):
 
     def __init__(
         self,
-        corpus: dict | None = None,
         tokenizer: str = "bpe",
         vocab_size: int = 2048,
         tokenizer_train_chars: int = 100_000_000,
@@ -63,16 +58,6 @@ class CausalLMDataModule(TextDataModule):
         **shared,
     ):
         super().__init__(**shared)
-        self.corpus = CorpusSpec(**(corpus or {}))
-
-    def data_identity(self) -> str:
-        return fingerprint(self.corpus)
-
-    @cached_property
-    def splits(self) -> dict[str, list[tuple[str, str]]]:
-        """Documents per split, loaded once even when prepare_data and setup run in the same process."""
-        h = self.hparams
-        return split_documents(load_documents(self.corpus), h.val_fraction, h.test_fraction, h.seed)
 
     def tokenizer_texts(self, texts: Iterable[str] | None = None) -> list[str]:
         """Training documents up to ``tokenizer_train_chars`` characters (of ``texts``, by default the training
