@@ -34,8 +34,8 @@ def read_caption_table(
     (:func:`lit_transformers.data.records.read_records`); relative paths are taken from ``image_root``
     (default: the file's folder)."""
     required = {
-        key: f"rename it or set data.{name}"
-        for key, name in ((image_key, "image_key"), (caption_key, "caption_key"))
+        image_key: "rename it or set data.image_key",
+        caption_key: "rename it or set data.caption_key",
     }
     rows = read_records(path, (".csv", ".jsonl"), "data.path=<.csv or .jsonl of image, caption>", required)
     if not rows:
