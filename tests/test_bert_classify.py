@@ -117,13 +117,13 @@ def test_labeled_files_csv_tsv_jsonl_and_errors_naming_file_line_column(tmp_path
     (tmp_path / "a.jsonl").write_text('{"text": "Ciao", "label": "it"}\n\n{"text": "Hej", "label": 3}\n')
     assert [r["label"] for r in read_labeled_table(tmp_path / "a.jsonl")] == ["it", "3"]
     (tmp_path / "bad.csv").write_text("text,label\nfine,x\n,y\n")
-    with pytest.raises(ValueError, match=r"bad.csv, line 3, column 'text'"):
+    with pytest.raises(ValueError, match=r"bad.csv:3: column 'text'"):
         read_labeled_table(tmp_path / "bad.csv")
     (tmp_path / "nolabel.csv").write_text("text,tag\nfine,x\n")
-    with pytest.raises(ValueError, match=r"nolabel.csv, line 1: no column 'label'.*data.label_field"):
+    with pytest.raises(ValueError, match=r"nolabel.csv:1: no column 'label'.*data.label_field"):
         read_labeled_table(tmp_path / "nolabel.csv")
     (tmp_path / "bad.jsonl").write_text('{"text": "a", "label": "x"}\n{"text": oops}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl, line 2: not valid JSON"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
         read_labeled_table(tmp_path / "bad.jsonl")
 
 
@@ -138,7 +138,7 @@ def test_unknown_test_label_is_an_error_naming_file_and_line(tmp_path):
         test_path=str(tmp_path / "test.csv"),
         cache_dir=str(tmp_path),
     )
-    with pytest.raises(ValueError, match=r"test.csv, line 3, column 'label': label 'c' is not among"):
+    with pytest.raises(ValueError, match=r"test.csv:3: column 'label': label 'c' is not among"):
         dm.setup()
 
 

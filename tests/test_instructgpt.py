@@ -81,7 +81,7 @@ def test_corruptions_are_plausible_and_never_right():
 def test_malformed_jsonl_names_file_and_line(tmp_path):
     path = tmp_path / "pairs.jsonl"
     path.write_text('{"prompt": "a", "chosen": "b", "rejected": "c"}\n{"prompt": "a", "chosen": "b"}\n')
-    with pytest.raises(ValueError, match=r"pairs.jsonl:2: field\(s\) \['rejected'\] missing"):
+    with pytest.raises(ValueError, match=r"pairs.jsonl:2: no key 'rejected'"):
         read_jsonl(path, ("prompt", "chosen", "rejected"))
     path.write_text('{"prompt": "a"}\n{oops\n')
     with pytest.raises(ValueError, match=r"pairs.jsonl:2: not valid JSON"):
@@ -142,7 +142,7 @@ def test_hub_dataset_with_trl_columns_is_read_and_bad_rows_are_named(monkeypatch
     rows = Dataset([{"prompt": "Say ash:", "completion": " ash"}, {"prompt": "Say oak:", "completion": None}])
     fake = types.SimpleNamespace(load_dataset=lambda name, subset, data_files=None, split=None: rows)
     monkeypatch.setitem(sys.modules, "datasets", fake)
-    with pytest.raises(ValueError, match=r"me/sft\[1\]: field\(s\) \['completion'\] missing"):
+    with pytest.raises(ValueError, match=r"me/sft\[1\]: column 'completion' is missing"):
         read_hub("me/sft", None, "train", ("prompt", "completion"))
     rows.pop()
     assert read_hub("me/sft", None, "train", ("prompt", "completion")) == [dict(rows[0])]

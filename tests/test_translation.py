@@ -107,10 +107,10 @@ def test_parallel_files_and_errors_naming_file_and_line(tmp_path):
     jsonl.write_text(json.dumps({"en": "Yes", "de": "Ja"}) + "\n", encoding="utf-8")
     assert read_parallel_file(jsonl, "en", "de") == [("Yes", "Ja")]
     tsv.write_text("Hello\tHallo\nno tab here\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"pairs.tsv, line 2: expected 'source<TAB>target'"):
+    with pytest.raises(ValueError, match=r"pairs.tsv:2: expected 2 fields \(src, tgt\), found 1"):
         read_parallel_file(tsv)
     jsonl.write_text('{"src": "a", "tgt": "b"}\n{"src": "a"\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"pairs.jsonl, line 2: not valid JSON"):
+    with pytest.raises(ValueError, match=r"pairs.jsonl:2: not valid JSON"):
         read_parallel_file(jsonl)
     with pytest.raises(FileNotFoundError, match="data.path="):
         read_parallel_file(tmp_path / "missing.tsv")

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import logging
 import random
-from functools import cached_property
 
 import torch
 
-from lit_transformers.data.checks import check_batch_size
-from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents, split_documents
-from lit_transformers.data.loaders import CollatedSplits
+from lit_transformers.data.base import CorpusDataModule, TextDataModule
 from lit_transformers.text import (
     IGNORE_INDEX,
     Tokenizer,
@@ -60,7 +57,7 @@ class EncoderCollator:
         return batch
 
 
-class MaskedLMDataModule(CollatedSplits):
+class MaskedLMDataModule(CorpusDataModule):
     """Sentence pairs for MLM + NSP. Documents come from ``corpus`` (CPython's docs by default, one topic a
     document), are split into sentences by :func:`lit_transformers.text.split_sentences`, and paired by
     :func:`lit_transformers.text.build_nsp_pairs`, ``dupe_factor`` times over the training documents with
@@ -68,56 +65,29 @@ class MaskedLMDataModule(CollatedSplits):
     ``eval_dupe_factor`` times over the validation and test documents: a few held-out documents then give
     enough pairs that NSP accuracy is not dominated by the draw of boundaries and partners."""
 
+    tokenizer_kind = "wordpiece"
+    tokenizer_independent = TextDataModule.tokenizer_independent | {
+        "max_seq_len",
+        "short_seq_prob",
+        "dupe_factor",
+        "eval_dupe_factor",
+    }
+
     def __init__(
         self,
-        corpus: dict | None = None,
         vocab_size: int = 8192,
         lowercase: bool = True,
-        tokenizer_path: str | None = None,
         max_seq_len: int = 128,
         short_seq_prob: float = 0.1,
         dupe_factor: int = 5,
         eval_dupe_factor: int = 1,
         batch_size: int = 32,
-        val_fraction: float = 0.05,
-        test_fraction: float = 0.05,
-        num_workers: int = 0,
-        seed: int = 0,
-        cache_dir: str = "~/.cache/lit_transformers",
+        **shared,
     ):
-        super().__init__()
-        check_batch_size(batch_size)
-        self.save_hyperparameters()
-        self.corpus = CorpusSpec(**(corpus or {}))
-        self.tokenizer: Tokenizer | None = None
-        self.datasets: dict[str, list[dict]] = {}
+        super().__init__(**shared)
 
-    @cached_property
-    def tokenizer_identity(self) -> list:  # cached: the fingerprint stats every file of a path corpus
-        h = self.hparams
-        return [fingerprint(self.corpus), h.val_fraction, h.test_fraction, h.seed]
-
-    @cached_property
-    def splits(self) -> dict[str, list[tuple[str, str]]]:
-        h = self.hparams
-        return split_documents(load_documents(self.corpus), h.val_fraction, h.test_fraction, h.seed)
-
-    def load_tokenizer(self) -> Tokenizer:
-        """``tokenizer_path`` (tokenizer.json, vocab.txt, a Hugging Face BERT directory or a parent .ckpt),
-        else a WordPiece trained on the training split and cached under ``cache_dir``."""
-        h = self.hparams
-        return Tokenizer.for_data(
-            h.tokenizer_path,
-            h.cache_dir,
-            lambda: self.tokenizer_identity,
-            lambda: [text for _, text in self.splits["train"]],
-            "wordpiece",
-            h.vocab_size,
-            lowercase=h.lowercase,
-        )
-
-    def prepare_data(self) -> None:
-        self.load_tokenizer()
+    def tokenizer_texts(self) -> list[str]:
+        return [text for _, text in self.splits["train"]]
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:

@@ -7,22 +7,20 @@ retrieval counts any of them as a hit. Captions are tokenized by a BPE tokenizer
 
 from __future__ import annotations
 
-import csv
-import json
 import random
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 
-import lightning as L
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from lit_transformers.data.checks import check_batch_size
+from lit_transformers.data.base import TextDataModule
 from lit_transformers.data.image_io import SkipUnreadable, open_image
 from lit_transformers.data.images import Transformed, build_transform, load_image_splits
 from lit_transformers.data.loaders import make_loader
+from lit_transformers.data.records import file_identity, read_records
 from lit_transformers.text import Tokenizer, eos_terminated, split_by_fractions
 
 
@@ -32,34 +30,23 @@ def read_caption_table(
     caption_key: str = "caption",
     image_root: str | Path | None = None,
 ) -> dict[Path, list[str]]:
-    """{image path: its captions} from a .csv (header row) or .jsonl file; relative paths are taken from
-    ``image_root`` (default: the file's folder)."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"Caption file {path} not found; set data.path=<.csv or .jsonl of image, caption>"
-        )
-    with open(path, encoding="utf-8") as f:
-        if path.suffix == ".jsonl":
-            rows = [json.loads(line) for line in f if line.strip()]
-        elif path.suffix == ".csv":
-            rows = list(csv.DictReader(f))
-        else:
-            raise ValueError(f"Caption file {path} must end in .csv or .jsonl")
+    """{image path: its captions} from a .csv (header row) or .jsonl file
+    (:func:`lit_transformers.data.records.read_records`); relative paths are taken from ``image_root``
+    (default: the file's folder)."""
+    required = {
+        image_key: "rename it or set data.image_key",
+        caption_key: "rename it or set data.caption_key",
+    }
+    rows = read_records(path, (".csv", ".jsonl"), "data.path=<.csv or .jsonl of image, caption>", required)
     if not rows:
         raise ValueError(
             f"Caption file {path} has no rows; it needs '{image_key}' and '{caption_key}' columns"
         )
-    missing = [key for key in (image_key, caption_key) if key not in rows[0]]
-    if missing:
-        raise ValueError(
-            f"Caption file {path} lacks column(s) {missing} (has {sorted(rows[0])}); "
-            "set data.image_key/data.caption_key"
-        )
+    path = Path(path).expanduser()
     root = Path(image_root).expanduser() if image_root else path.parent
     table: dict[Path, list[str]] = {}
     for row in rows:
-        table.setdefault(root / row[image_key], []).append(str(row[caption_key]))
+        table.setdefault(root / row.text(image_key), []).append(row.text(caption_key, numbers=True))
     absent = [str(p) for p in table if not p.is_file()]
     if absent:
         raise FileNotFoundError(
@@ -108,7 +95,37 @@ class CaptionDataset(Dataset):
         return {"image": image, "input_ids": ids, "image_index": i, "label": label}
 
 
-class CaptionDataModule(L.LightningDataModule):
+# the digits' captions (the defaults of conf/data/digit_captions.yaml): training ones, also the validation
+# zero-shot prompts, and test ones worded in ways training never saw
+TRAIN_TEMPLATES = (
+    "a photo of the number {}",
+    "a handwritten {}",
+    "a drawing of the digit {}",
+    "the digit {}",
+    "{} written by hand",
+    "a low resolution image of a {}",
+    "a black and white picture of {}",
+    "an 8x8 scan of the number {}",
+)
+TEST_TEMPLATES = (
+    "a scanned image of the numeral {}",
+    "this is a handwritten {}",
+    "an image showing the digit {}",
+    "a sketch of the number {}",
+)
+
+
+class CaptionDataModule(TextDataModule):
+    tokenizer_independent = TextDataModule.tokenizer_independent | {
+        "test_templates",  # test captions are never trained on
+        "context_length",
+        "img_size",
+        "in_chans",
+        "mean",
+        "std",
+        "transform",
+    }
+
     def __init__(
         self,
         source: str = "digits",
@@ -116,28 +133,21 @@ class CaptionDataModule(L.LightningDataModule):
         image_root: str | None = None,
         image_key: str = "image",
         caption_key: str = "caption",
-        train_templates: Sequence[str] = (),
-        test_templates: Sequence[str] = (),
+        train_templates: Sequence[str] = TRAIN_TEMPLATES,
+        test_templates: Sequence[str] = TEST_TEMPLATES,
         vocab_size: int = 512,
-        tokenizer_path: str | None = None,
         context_length: int = 16,
         img_size: int = 8,
         in_chans: int = 1,
-        mean: Sequence[float] = (0.5,),
-        std: Sequence[float] = (0.5,),
+        mean: Sequence[float] = (0.3,),
+        std: Sequence[float] = (0.38,),
         transform: dict | None = None,
         batch_size: int = 64,
         val_fraction: float = 0.1,
         test_fraction: float = 0.2,
-        num_workers: int = 0,
-        seed: int = 0,
-        cache_dir: str = "~/.cache/lit_transformers",
+        **shared,
     ):
-        super().__init__()
-        check_batch_size(batch_size)
-        self.save_hyperparameters(logger=False)  # the run logs its whole config once, in train.py
-        self.datasets: dict[str, CaptionDataset] = {}
-        self.tokenizer: Tokenizer | None = None
+        super().__init__(val_fraction=val_fraction, test_fraction=test_fraction, **shared)
         self.class_names: list[str] = []  # digits only: zero-shot classification needs labels
         self.templates: dict[str, list[str]] = {}  # split -> zero-shot prompt templates
 
@@ -177,19 +187,12 @@ class CaptionDataModule(L.LightningDataModule):
             raise ValueError(f"Unknown caption source {h.source!r}; choose digits or table (CSV/JSONL)")
         return self._digits() if h.source == "digits" else self._table()
 
-    def load_tokenizer(self) -> Tokenizer:
-        """``tokenizer_path`` (a tokenizer.json or a parent checkpoint's), else BPE trained on the training
-        captions and cached under ``cache_dir`` by their content."""
-        h = self.hparams
+    def data_identity(self) -> list | None:
+        return file_identity([self.hparams.path]) if self.hparams.source == "table" else None
 
-        def captions() -> list[str]:
-            return list(dict.fromkeys(c for caps in self._splits[1]["train"] for c in caps))
-
-        return Tokenizer.for_data(h.tokenizer_path, h.cache_dir, captions, captions, "bpe", h.vocab_size)
-
-    def prepare_data(self) -> None:
-        """Train and cache the tokenizer once (rank 0); every rank loads it in ``setup``."""
-        self.load_tokenizer()
+    def tokenizer_texts(self) -> list[str]:
+        """The training split's distinct captions."""
+        return list(dict.fromkeys(c for caps in self._splits[1]["train"] for c in caps))
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:

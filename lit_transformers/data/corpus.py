@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lit_transformers.data.records import file_identity
 from lit_transformers.text import split_by_fractions
 
 Document = tuple[str, str]
@@ -300,8 +301,7 @@ def fingerprint(spec: CorpusSpec) -> str:
         identity = sys.version
     elif spec.source == "path" and spec.path and Path(spec.path).exists():
         root = Path(spec.path)
-        files = sorted(root.rglob("*.txt")) if root.is_dir() else [root]
-        identity = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+        identity = file_identity(sorted(root.rglob("*.txt")) if root.is_dir() else [root])
     else:
         identity = None
     payload = json.dumps([spec.__dict__, identity], sort_keys=True, default=str)

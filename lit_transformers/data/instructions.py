@@ -13,22 +13,21 @@ Every batch also carries its prompts, left-padded for generation, so any stage c
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
 from collections import Counter
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from lit_transformers.data.checks import check_batch_size
-from lit_transformers.data.corpus import CorpusSpec, load_documents, load_hub_dataset
-from lit_transformers.data.loaders import CollatedSplits
+from lit_transformers.data.base import TextDataModule
+from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents, load_hub_dataset
+from lit_transformers.data.records import JSONL, Record, file_identity, read_records
 from lit_transformers.text import (
     IGNORE_INDEX,
-    Tokenizer,
     hashed_order,
     left_pad,
     pad_pairs,
@@ -54,34 +53,20 @@ def common_words(corpus: CorpusSpec, n: int, min_len: int = 3, max_len: int = 7)
 
 
 def read_jsonl(path: str | Path, fields: tuple[str, ...]) -> list[dict]:
-    """Records of a JSONL file; a malformed line is an error naming the file, the line and what is wrong."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"Instruction data {path} not found; set data.path=<file.jsonl>")
-    records, lines = [], []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
-            lines.append(lineno)
-    return check_records(records, fields, str(path), lambda i: f"{path}:{lines[i]}")
+    """Records of a JSONL file (:func:`lit_transformers.data.records.read_records`): a malformed line, a missing
+    field or one that is not text is an error naming the file, the line and the field."""
+    required = dict.fromkeys(fields, f"records need {list(fields)}")
+    return text_records(read_records(path, JSONL, "data.path=<file.jsonl>", required), fields, str(path))
 
 
-def check_records(records: list, fields: tuple[str, ...], source: str, where) -> list[dict]:
-    """Every record a dict with text in ``fields``; ``where(i)`` names record i (``file:line``, ``name[i]``)."""
+def text_records(records: list[Record], fields: tuple[str, ...], source: str) -> list[dict]:
+    """The fields of every record, once each of ``fields`` holds text (an empty string is text)."""
     if not records:
         raise ValueError(f"{source} holds no records")
-    for i, record in enumerate(records):
-        if not isinstance(record, dict):
-            raise ValueError(f"{where(i)}: expected a record with fields {list(fields)}")
-        bad = [k for k in fields if not isinstance(record.get(k), str)]
-        if bad:
-            raise ValueError(f"{where(i)}: field(s) {bad} missing or not text; records need {list(fields)}")
-    return records
+    for record in records:
+        for name in fields:
+            record.text(name, empty=True)
+    return [dict(record.fields) for record in records]
 
 
 def read_hub(name: str, subset: str | None, split: str, fields: tuple[str, ...]) -> list[dict]:
@@ -92,7 +77,7 @@ def read_hub(name: str, subset: str | None, split: str, fields: tuple[str, ...])
         raise KeyError(
             f"Dataset {name} has no column(s) {missing} (it has {dataset.column_names}); need {list(fields)}"
         )
-    return check_records([dict(row) for row in dataset], fields, name, lambda i: f"{name}[{i}]")
+    return text_records([Record(f"{name}[{i}]", row) for i, row in enumerate(dataset)], fields, name)
 
 
 SPLITS = ("train", "val", "test")
@@ -213,7 +198,13 @@ def collate(items: list[dict], format: str, pad_id: int, packing: bool = False, 
     return batch
 
 
-class InstructionDataModule(CollatedSplits):
+class InstructionDataModule(TextDataModule):
+    tokenizer_independent = TextDataModule.tokenizer_independent | {
+        "max_prompt_length",
+        "max_length",
+        "packing",
+    }
+
     def __init__(
         self,
         format: str = "sft",
@@ -221,7 +212,7 @@ class InstructionDataModule(CollatedSplits):
         path: str | None = None,
         subset: str | None = None,
         split: str = "train",
-        kinds: list[str] | None = None,
+        kinds: Sequence[str] = ("reverse", "sort", "count", "last"),
         n_examples: int = 32000,
         pool: str = "all",
         pool_shares: dict[str, float] | None = None,
@@ -231,19 +222,13 @@ class InstructionDataModule(CollatedSplits):
         corpus: dict | None = None,
         tokenizer: str = "bpe",
         vocab_size: int = 512,
-        tokenizer_path: str | None = None,
         max_prompt_length: int = 32,
-        max_length: int = 64,
+        max_length: int = 128,
         packing: bool = False,
         batch_size: int = 32,
-        val_fraction: float = 0.05,
-        test_fraction: float = 0.05,
-        num_workers: int = 0,
-        seed: int = 0,
-        cache_dir: str = "~/.cache/lit_transformers",
+        **shared,
     ):
-        super().__init__()
-        check_batch_size(batch_size)
+        super().__init__(**shared)
         if format not in FIELDS:
             raise ValueError(f"data.format={format!r}: choose one of {sorted(FIELDS)}")
         shares = pool_shares or {}
@@ -255,9 +240,6 @@ class InstructionDataModule(CollatedSplits):
             raise ValueError(
                 f"data.source={source!r}: choose embedded, jsonl (with data.path=<file.jsonl>) or hub"
             )
-        self.save_hyperparameters()
-        self.tokenizer: Tokenizer | None = None
-        self.datasets: dict[str, list[dict]] = {}
         self._records: dict[str, list[dict]] | None = None
 
     def records(self) -> dict[str, list[dict]]:
@@ -266,8 +248,7 @@ class InstructionDataModule(CollatedSplits):
             h = self.hparams
             if h.source == "embedded":
                 words = common_words(CorpusSpec(**(h.corpus or {})), h.n_words)
-                kinds = h.kinds or ["reverse", "sort", "count", "last"]
-                records = make_examples(words, h.n_examples, kinds, h.min_words, h.max_words, h.seed)
+                records = make_examples(words, h.n_examples, list(h.kinds), h.min_words, h.max_words, h.seed)
             elif h.source == "jsonl":
                 records = read_jsonl(h.path, FIELDS[h.format])
             else:
@@ -280,41 +261,15 @@ class InstructionDataModule(CollatedSplits):
             self._records = {name: order.sample(part, len(part)) for name, part in parts.items()}
         return self._records
 
-    def tokenizer_identity(self) -> list:
+    def data_identity(self) -> list:
         h = self.hparams
-        identity = [
-            DATA_VERSION,
-            h.source,
-            h.path,
-            h.kinds,
-            h.n_examples,
-            h.min_words,
-            h.max_words,
-            h.n_words,
-            h.corpus,
-            h.pool,
-            h.pool_shares,
-            h.val_fraction,
-            h.test_fraction,
-            h.seed,
-        ]
-        if h.source == "jsonl" and Path(h.path).is_file():
-            identity.append(Path(h.path).stat().st_mtime_ns)
-        return identity
+        if h.source == "embedded":
+            return [DATA_VERSION, fingerprint(CorpusSpec(**(h.corpus or {})))]
+        return file_identity([h.path])
 
-    def load_tokenizer(self) -> Tokenizer:
-        """``tokenizer_path`` (the parent stage's checkpoint), else one trained on the training records."""
-        h = self.hparams
-
-        def texts() -> list[str]:
-            return [r["prompt"] + r.get("completion", r.get("chosen", "")) for r in self.records()["train"]]
-
-        return Tokenizer.for_data(
-            h.tokenizer_path, h.cache_dir, self.tokenizer_identity, texts, h.tokenizer, h.vocab_size
-        )
-
-    def prepare_data(self) -> None:
-        self.load_tokenizer()
+    def tokenizer_texts(self) -> list[str]:
+        """The training records' prompts and completions (pairs: their chosen responses)."""
+        return [r["prompt"] + r.get("completion", r.get("chosen", "")) for r in self.records()["train"]]
 
     def encode(self, record: dict) -> dict:
         tok, h = self.tokenizer, self.hparams

@@ -8,21 +8,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from functools import cached_property, partial
+from functools import partial
 
 import torch
 from torch.utils.data import Dataset
 
-from lit_transformers.data.checks import check_batch_size
+from lit_transformers.data.base import CorpusDataModule, TextDataModule
 from lit_transformers.data.corpus import (
-    CorpusSpec,
     document_index,
-    fingerprint,
-    load_documents,
     read_document,
-    split_documents,
 )
-from lit_transformers.data.loaders import CollatedSplits
 from lit_transformers.data.token_stream import ShardedTokens, document_tokens, read_shards, write_shards
 from lit_transformers.text import Tokenizer, split_by_fractions
 
@@ -44,61 +39,32 @@ class TokenWindows(Dataset):
         return {"input_ids": window[:-1], "labels": window[1:]}
 
 
-class CausalLMDataModule(CollatedSplits):
+class CausalLMDataModule(CorpusDataModule):
+    tokenizer_independent = TextDataModule.tokenizer_independent | {
+        "block_size",
+        "shards_dir",
+        "prepare_workers",
+    }
+
     def __init__(
         self,
-        corpus: dict | None = None,
         tokenizer: str = "bpe",
-        vocab_size: int = 4096,
-        tokenizer_path: str | None = None,
-        block_size: int = 256,
-        batch_size: int = 32,
-        val_fraction: float = 0.05,
-        test_fraction: float = 0.05,
-        num_workers: int = 0,
-        seed: int = 0,
-        cache_dir: str = "~/.cache/lit_transformers",
+        vocab_size: int = 2048,
         tokenizer_train_chars: int = 100_000_000,
+        block_size: int = 128,
+        batch_size: int = 32,
         shards_dir: str | None = None,
         prepare_workers: int = 2,
+        **shared,
     ):
-        super().__init__()
-        check_batch_size(batch_size)
-        self.save_hyperparameters(logger=False)  # the run logs its whole config once, in train.py
-        self.corpus = CorpusSpec(**(corpus or {}))
-        self.tokenizer: Tokenizer | None = None
-        self.datasets: dict[str, TokenWindows] = {}
+        super().__init__(**shared)
 
-    @cached_property
-    def tokenizer_identity(self) -> list:  # cached: the fingerprint stats every file of a path corpus
-        h = self.hparams
-        return [fingerprint(self.corpus), h.val_fraction, h.test_fraction, h.seed, h.tokenizer_train_chars]
-
-    @cached_property
-    def splits(self) -> dict[str, list[tuple[str, str]]]:
-        """Documents per split, loaded once even when prepare_data and setup run in the same process."""
-        h = self.hparams
-        return split_documents(load_documents(self.corpus), h.val_fraction, h.test_fraction, h.seed)
-
-    def load_tokenizer(self, train_texts: Iterable[str] | None = None) -> Tokenizer:
-        """``tokenizer_path`` (a tokenizer.json, or a parent checkpoint's tokenizer), else the one trained on
-        the first ``tokenizer_train_chars`` characters of the training split (``train_texts``, by default read
-        from ``splits``) and cached under ``cache_dir``."""
-        h = self.hparams
-        if train_texts is None:
-            train_texts = (text for _, text in self.splits["train"])
-        return Tokenizer.for_data(
-            h.tokenizer_path,
-            h.cache_dir,
-            lambda: self.tokenizer_identity,
-            lambda: self._tokenizer_sample(train_texts),
-            h.tokenizer,
-            h.vocab_size,
-        )
-
-    def _tokenizer_sample(self, texts: Iterable[str]) -> list[str]:
-        """Training documents up to ``tokenizer_train_chars`` characters: a BPE learns its merges from a sample
-        as well as from the whole of a large corpus, at a bounded cost in time and memory."""
+    def tokenizer_texts(self, texts: Iterable[str] | None = None) -> list[str]:
+        """Training documents up to ``tokenizer_train_chars`` characters (of ``texts``, by default the training
+        split's): a BPE learns its merges from a sample as well as from the whole of a large corpus, at a
+        bounded cost in time and memory."""
+        if texts is None:
+            texts = (text for _, text in self.splits["train"])
         sample, chars = [], 0
         for text in texts:
             if chars >= self.hparams.tokenizer_train_chars:
@@ -108,8 +74,7 @@ class CausalLMDataModule(CollatedSplits):
         return sample
 
     def prepare_data(self) -> None:
-        """Train and cache the tokenizer once (rank 0); every rank loads it in ``setup``. Shards carry theirs."""
-        if self.hparams.shards_dir is None:
+        if self.hparams.shards_dir is None:  # shards carry their tokenizer
             self.load_tokenizer()
 
     def write_shards(self) -> dict:
@@ -129,7 +94,9 @@ class CausalLMDataModule(CollatedSplits):
         documents = {name: [index[i][1:] for i in idx] for name, idx in parts.items()}
         del index  # the ids: only the split needs them
         read = partial(read_document, self.corpus)
-        tokenizer = self.load_tokenizer(read(reference) for reference, _ in documents["train"])
+        tokenizer = self.load_tokenizer(
+            lambda: self.tokenizer_texts(read(reference) for reference, _ in documents["train"])
+        )
         return write_shards(documents, read, tokenizer, h.shards_dir, h.prepare_workers, settings)
 
     def setup(self, stage: str | None = None) -> None:

@@ -6,98 +6,62 @@ Each example is a text (and optionally a second text, ``text_pair``) with a labe
 
 from __future__ import annotations
 
-import csv
-import json
 import logging
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 
+from lit_transformers.data.base import TextDataModule
 from lit_transformers.data.bert import EncoderCollator
-from lit_transformers.data.checks import check_batch_size
 from lit_transformers.data.gettext import DEFAULT_LOCALE_DIR, language_samples
-from lit_transformers.data.loaders import CollatedSplits
-from lit_transformers.text import Tokenizer, pack_pair, split_by_fractions
+from lit_transformers.data.records import JSONL, file_identity, read_records
+from lit_transformers.text import pack_pair, split_by_fractions
 
 log = logging.getLogger(__name__)
 SOURCES = ("gettext", "file")
-Example = dict  # {"text": str, "text_pair": str | None, "label": str, "where": "file, line N"}
+Example = dict  # {"text": str, "text_pair": str | None, "label": str, "where": "file:line"}
 
 
 def read_labeled_table(
     path: str | Path, text_field: str = "text", text_pair_field: str = "text_pair", label_field: str = "label"
 ) -> list[Example]:
     """Rows of a .csv, .tsv or .jsonl file with a text column, a label column and optionally a text-pair
-    column. Errors name the file, the line and the column."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"Data file {path} not found; set data.path=<file.csv|.tsv|.jsonl>")
-    suffix = path.suffix.lower()
-    rows: list[tuple[int, dict]] = []
-    with open(path, encoding="utf-8", newline="") as f:
-        if suffix in (".csv", ".tsv"):
-            reader = csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ",")
-            columns = reader.fieldnames or []
-            for row in reader:
-                rows.append((reader.line_num, row))
-        elif suffix in (".jsonl", ".json"):
-            columns = None
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(
-                        f"{path}, line {n}: not valid JSON ({err.msg}, column {err.colno})"
-                    ) from err
-                if not isinstance(row, dict):
-                    raise ValueError(
-                        f"{path}, line {n}: expected a JSON object with {text_field!r} and {label_field!r}"
-                    )
-                rows.append((n, row))
-        else:
-            raise ValueError(f"{path}: unknown file type {suffix!r}; use .csv, .tsv or .jsonl")
-    if columns is not None:
-        for field in (text_field, label_field):
-            if field not in columns:
-                raise ValueError(
-                    f"{path}, line 1: no column {field!r} (columns: {columns}); rename it or set "
-                    f"data.{'text_field' if field == text_field else 'label_field'}"
-                )
-    examples = []
-    for n, row in rows:
-        where = f"{path}, line {n}"
-        for field in (text_field, label_field):
-            value = row.get(field)
-            if value is None or str(value).strip() == "":
-                raise ValueError(f"{where}, column {field!r}: missing or empty")
-        pair = row.get(text_pair_field)
-        examples.append(
-            {
-                "text": str(row[text_field]),
-                "text_pair": str(pair) if pair not in (None, "") else None,
-                "label": str(row[label_field]),
-                "where": where,
-            }
-        )
-    if not examples:
+    column (:func:`lit_transformers.data.records.read_records`: errors name the file, the line and the
+    column). JSON labels may be numbers."""
+    required = {
+        text_field: "rename it or set data.text_field",
+        label_field: "rename it or set data.label_field",
+    }
+    records = read_records(path, (".csv", ".tsv", *JSONL), "data.path=<file.csv|.tsv|.jsonl>", required)
+    if not records:
         raise ValueError(f"{path} holds no examples")
-    return examples
+    return [
+        {
+            "text": r.text(text_field),
+            "text_pair": r.text(text_pair_field, optional=True),
+            "label": r.text(label_field, numbers=True),
+            "where": r.where,
+        }
+        for r in records
+    ]
 
 
-class TextClassificationDataModule(CollatedSplits):
+class TextClassificationDataModule(TextDataModule):
     """Args: ``source``: gettext (language ID from ``path``, a locale directory, default /usr/share/locale)
     or file (``path`` a .csv/.tsv/.jsonl); ``test_path``: an optional separate test file (its labels must be
     among the training labels); ``languages``, ``max_per_language``, ``min_letters``: the gettext demo;
     the column names; ``tokenizer_path`` (a parent .ckpt, a Hugging Face BERT directory) or a WordPiece
     trained on the training texts (``vocab_size``, ``lowercase``); ``max_seq_len``; the split fractions."""
 
+    tokenizer_kind = "wordpiece"
+    tokenizer_independent = TextDataModule.tokenizer_independent | {"max_seq_len"}
+
     def __init__(
         self,
         source: str = "gettext",
         path: str | None = None,
         test_path: str | None = None,
-        languages: list[str] | None = None,
+        languages: Sequence[str] = ("de", "es", "fr", "it", "nl", "sv"),
         max_per_language: int | None = 1000,
         min_letters: int = 10,
         text_field: str = "text",
@@ -105,29 +69,22 @@ class TextClassificationDataModule(CollatedSplits):
         label_field: str = "label",
         vocab_size: int = 4096,
         lowercase: bool = False,
-        tokenizer_path: str | None = None,
-        max_seq_len: int = 128,
+        max_seq_len: int = 64,
         batch_size: int = 32,
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
-        num_workers: int = 0,
-        seed: int = 0,
-        cache_dir: str = "~/.cache/lit_transformers",
+        **shared,
     ):
-        super().__init__()
-        check_batch_size(batch_size)
+        super().__init__(val_fraction=val_fraction, test_fraction=test_fraction, **shared)
         if source not in SOURCES:
             raise ValueError(f"Unknown data.source={source!r}; choose one of {SOURCES}")
-        self.save_hyperparameters()
-        self.tokenizer: Tokenizer | None = None
-        self.datasets: dict[str, list[dict]] = {}
 
     @cached_property
     def examples(self) -> list[Example]:
         h = self.hparams
         if h.source == "gettext":
             locale_dir = h.path or DEFAULT_LOCALE_DIR
-            pairs = language_samples(locale_dir, h.languages or [], h.max_per_language, h.min_letters)
+            pairs = language_samples(locale_dir, list(h.languages), h.max_per_language, h.min_letters)
             return [
                 {"text": t, "text_pair": None, "label": lang, "where": f"{locale_dir} ({lang})"}
                 for t, lang in pairs
@@ -155,41 +112,16 @@ class TextClassificationDataModule(CollatedSplits):
             for e in splits["test"]:
                 if e["label"] not in known:
                     raise ValueError(
-                        f"{e['where']}, column {h.label_field!r}: label {e['label']!r} is not among the training "
+                        f"{e['where']}: column {h.label_field!r}: label {e['label']!r} is not among the training "
                         f"labels {sorted(known)}; the classifier cannot predict it"
                     )
         return splits
 
-    def tokenizer_identity(self) -> list:
-        h = self.hparams
-        path = Path(h.path or DEFAULT_LOCALE_DIR).expanduser()
-        stat = (path.stat().st_size, path.stat().st_mtime_ns) if path.is_file() else None
-        return [
-            h.source,
-            h.path,
-            h.languages,
-            h.max_per_language,
-            h.min_letters,
-            h.val_fraction,
-            h.test_fraction,
-            h.seed,
-            stat,
-        ]
+    def data_identity(self) -> list:
+        return file_identity([self.hparams.path])
 
-    def load_tokenizer(self) -> Tokenizer:
-        h = self.hparams
-        return Tokenizer.for_data(
-            h.tokenizer_path,
-            h.cache_dir,
-            self.tokenizer_identity,
-            lambda: [t for e in self.splits["train"] for t in (e["text"], e["text_pair"]) if t],
-            "wordpiece",
-            h.vocab_size,
-            lowercase=h.lowercase,
-        )
-
-    def prepare_data(self) -> None:
-        self.load_tokenizer()
+    def tokenizer_texts(self) -> list[str]:
+        return [t for e in self.splits["train"] for t in (e["text"], e["text_pair"]) if t]
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:

@@ -11,13 +11,13 @@ import logging
 from functools import cached_property
 from pathlib import Path
 
+from lit_transformers.data.base import TextDataModule
 from lit_transformers.data.bert import EncoderCollator
-from lit_transformers.data.checks import check_batch_size
-from lit_transformers.data.loaders import CollatedSplits
-from lit_transformers.text import IGNORE_INDEX, Tokenizer, split_by_fractions
+from lit_transformers.data.records import file_identity, where
+from lit_transformers.text import IGNORE_INDEX, split_by_fractions
 
 log = logging.getLogger(__name__)
-Sentence = dict  # {"words": [str], "labels": [str], "where": "file, line N"}
+Sentence = dict  # {"words": [str], "labels": [str], "where": "file:line"}
 
 
 def read_conll(path: str | Path) -> list[Sentence]:
@@ -33,12 +33,12 @@ def read_conll(path: str | Path) -> list[Sentence]:
             columns = line.split()
             if not columns or columns[0] == "-DOCSTART-":
                 if words:
-                    sentences.append({"words": words, "labels": labels, "where": f"{path}, line {start}"})
+                    sentences.append({"words": words, "labels": labels, "where": where(path, start)})
                 words, labels, start = [], [], n + 1
                 continue
             if len(columns) < 2:
                 raise ValueError(
-                    f"{path}, line {n}: {line.strip()!r} has no label column; write 'word label'"
+                    f"{where(path, n)}: {line.strip()!r} has no label column; write 'word label'"
                 )
             words.append(columns[0])
             labels.append(columns[-1])
@@ -63,10 +63,13 @@ def align_labels(
     return ids + [sep_id], piece_labels + [IGNORE_INDEX]
 
 
-class TokenClassificationDataModule(CollatedSplits):
+class TokenClassificationDataModule(TextDataModule):
     """Args: ``path`` (CoNLL file, split by fractions unless ``val_path``/``test_path`` are given);
     ``tokenizer_path`` or a WordPiece trained on the training words (``vocab_size``, ``lowercase``);
     ``max_seq_len``; the split fractions. Labels found only in val/test files are an error naming them."""
+
+    tokenizer_kind = "wordpiece"
+    tokenizer_independent = TextDataModule.tokenizer_independent | {"max_seq_len"}
 
     def __init__(
         self,
@@ -75,20 +78,13 @@ class TokenClassificationDataModule(CollatedSplits):
         test_path: str | None = None,
         vocab_size: int = 4096,
         lowercase: bool = False,
-        tokenizer_path: str | None = None,
         max_seq_len: int = 128,
         batch_size: int = 32,
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
-        num_workers: int = 0,
-        seed: int = 0,
-        cache_dir: str = "~/.cache/lit_transformers",
+        **shared,
     ):
-        super().__init__()
-        check_batch_size(batch_size)
-        self.save_hyperparameters()
-        self.tokenizer: Tokenizer | None = None
-        self.datasets: dict[str, list[dict]] = {}
+        super().__init__(val_fraction=val_fraction, test_fraction=test_fraction, **shared)
 
     @cached_property
     def splits(self) -> dict[str, list[Sentence]]:
@@ -118,26 +114,11 @@ class TokenClassificationDataModule(CollatedSplits):
     def class_names(self) -> list[str]:
         return sorted({label for s in self.splits["train"] for label in s["labels"]})
 
-    def tokenizer_identity(self) -> list:
-        h = self.hparams
-        path = Path(h.path).expanduser() if h.path else None
-        stat = (path.stat().st_size, path.stat().st_mtime_ns) if path and path.is_file() else None
-        return [h.path, stat, h.val_fraction, h.test_fraction, h.seed]
+    def data_identity(self) -> list:
+        return file_identity([self.hparams.path])
 
-    def load_tokenizer(self) -> Tokenizer:
-        h = self.hparams
-        return Tokenizer.for_data(
-            h.tokenizer_path,
-            h.cache_dir,
-            self.tokenizer_identity,
-            lambda: [" ".join(s["words"]) for s in self.splits["train"]],
-            "wordpiece",
-            h.vocab_size,
-            lowercase=h.lowercase,
-        )
-
-    def prepare_data(self) -> None:
-        self.load_tokenizer()
+    def tokenizer_texts(self) -> list[str]:
+        return [" ".join(s["words"]) for s in self.splits["train"]]
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:

@@ -8,16 +8,17 @@ the exact-resume guarantee of :func:`lit_transformers.data.loaders.make_loader`.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections import Counter, defaultdict
 from functools import cached_property
 from pathlib import Path
 
+from lit_transformers.data.base import TextDataModule
 from lit_transformers.data.corpus import load_hub_dataset
 from lit_transformers.data.gettext import DEFAULT_LOCALE_DIR, catalog_files, read_mo
-from lit_transformers.data.loaders import CollatedSplits, make_loader
+from lit_transformers.data.loaders import make_loader
+from lit_transformers.data.records import file_identity, read_records
 from lit_transformers.text import IGNORE_INDEX, Tokenizer, right_pad, split_by_fractions
 
 log = logging.getLogger(__name__)
@@ -67,47 +68,13 @@ def gettext_pairs(locale_dir: str | Path, language: str) -> list[Pair]:
 
 
 def read_parallel_file(path: str | Path, src_field: str = "src", tgt_field: str = "tgt") -> list[Pair]:
-    """``src<TAB>tgt`` lines of a .tsv, or ``{"src": ..., "tgt": ...}`` lines of a .jsonl; errors name the
-    file and the line."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"Parallel text {path} not found; set data.path=<file.tsv|.jsonl>")
-    suffix = path.suffix.lower()
-    if suffix not in (".tsv", ".jsonl"):
-        raise ValueError(f"{path}: unknown file type {suffix!r}; use .tsv (src<TAB>tgt) or .jsonl")
-    pairs = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {n}"
-            if suffix == ".tsv":
-                fields = line.rstrip("\r\n").split("\t")
-                if len(fields) != 2:
-                    raise ValueError(
-                        f"{where}: expected 'source<TAB>target', found {len(fields)} tab-separated fields"
-                    )
-                source, target = fields
-            else:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{where}: not valid JSON ({err.msg}, column {err.colno})") from err
-                if (
-                    not isinstance(row, dict)
-                    or not isinstance(row.get(src_field), str)
-                    or not isinstance(row.get(tgt_field), str)
-                ):
-                    raise ValueError(
-                        f"{where}: expected an object with string fields {src_field!r} and {tgt_field!r}"
-                    )
-                source, target = row[src_field], row[tgt_field]
-            if not source.strip() or not target.strip():
-                raise ValueError(f"{where}: empty source or target")
-            pairs.append((source.strip(), target.strip()))
-    if not pairs:
+    """``src<TAB>tgt`` lines of a .tsv (no header, no quoting), or ``{"src": ..., "tgt": ...}`` lines of a
+    .jsonl; errors name the file and the line (:func:`lit_transformers.data.records.read_records`)."""
+    setting = "data.path=<file.tsv (src<TAB>tgt) | file.jsonl>"
+    records = read_records(path, (".tsv", ".jsonl"), setting, columns=(src_field, tgt_field))
+    if not records:
         raise ValueError(f"{path} holds no sentence pairs")
-    return pairs
+    return [(r.text(src_field).strip(), r.text(tgt_field).strip()) for r in records]
 
 
 def hub_pairs(name: str, subset: str | None, split: str, src_lang: str, tgt_lang: str) -> list[Pair]:
@@ -163,7 +130,7 @@ class TranslationCollator:
         }
 
 
-class TranslationDataModule(CollatedSplits):
+class TranslationDataModule(TextDataModule):
     """Args: ``source``: gettext (``lang`` picks the target language of the English catalogs under ``path``,
     default /usr/share/locale), file (``path`` a .tsv or .jsonl; ``src_field``/``tgt_field`` name the JSONL
     keys) or hub (``name``, ``subset``, ``split``, ``src_lang``, ``lang``); a joint byte-level BPE trained on
@@ -171,6 +138,12 @@ class TranslationDataModule(CollatedSplits):
     per side (``src_vocab_size`` / ``source_tokenizer_path`` for the source); ``max_tokens`` per batch per
     device (padding included); pairs longer than ``max_length`` tokens on either side are left out of
     training; the split fractions (by source sentence: no source is in two splits)."""
+
+    tokenizer_independent = TextDataModule.tokenizer_independent | {
+        "source_tokenizer_path",
+        "max_tokens",
+        "max_length",
+    }
 
     def __init__(
         self,
@@ -184,7 +157,6 @@ class TranslationDataModule(CollatedSplits):
         split: str = "train",
         src_lang: str = "en",
         vocab_size: int = 8000,
-        tokenizer_path: str | None = None,
         joint_vocab: bool = True,
         src_vocab_size: int | None = None,
         source_tokenizer_path: str | None = None,
@@ -192,21 +164,18 @@ class TranslationDataModule(CollatedSplits):
         max_length: int = 128,
         val_fraction: float = 0.03,
         test_fraction: float = 0.03,
-        num_workers: int = 0,
-        seed: int = 0,
-        cache_dir: str = "~/.cache/lit_transformers",
+        **shared,
     ):
-        super().__init__()
+        super().__init__(val_fraction=val_fraction, test_fraction=test_fraction, **shared)
         if source not in SOURCES:
             raise ValueError(f"Unknown data.source={source!r}; choose one of {SOURCES}")
         if max_tokens < 1 or max_length < 1:
             raise ValueError(
                 f"data.max_tokens={max_tokens} and data.max_length={max_length} must be at least 1"
             )
-        self.save_hyperparameters(logger=False)
-        self.tokenizer: Tokenizer | None = None  # the target side's (the joint one by default)
-        self.source_tokenizer: Tokenizer | None = None
-        self.datasets: dict[str, list[list[dict]]] = {}
+        self.source_tokenizer: Tokenizer | None = (
+            None  # self.tokenizer is the target side's (by default joint)
+        )
 
     @cached_property
     def pairs(self) -> list[Pair]:
@@ -232,37 +201,15 @@ class TranslationDataModule(CollatedSplits):
             splits[split_of[pair[0]]].append(pair)
         return splits
 
-    def tokenizer_identity(self) -> list:
-        h = self.hparams
-        identity = [
-            h.source,
-            h.lang,
-            h.path,
-            h.name,
-            h.subset,
-            h.split,
-            h.src_lang,
-            h.val_fraction,
-            h.test_fraction,
-            h.seed,
-        ]
-        if h.source == "file":
-            stat = Path(h.path).expanduser().stat()
-            identity.append((stat.st_size, stat.st_mtime_ns))
-        return identity
+    def data_identity(self) -> list | None:
+        return file_identity([self.hparams.path]) if self.hparams.source == "file" else None
 
     def _load_or_train(self, side: str, path: str | None, sides: tuple[int, ...]) -> Tokenizer:
         """The BPE of ``side`` (joint, source or target): ``path``, or one trained on the training split."""
         h = self.hparams
         vocab_size = (h.src_vocab_size or h.vocab_size) if side == "source" else h.vocab_size
-        return Tokenizer.for_data(
-            path,
-            h.cache_dir,
-            lambda: [*self.tokenizer_identity(), side],
-            lambda: [pair[i] for pair in self.splits["train"] for i in sides],
-            "bpe",
-            vocab_size,
-        )
+        texts = lambda: [pair[i] for pair in self.splits["train"] for i in sides]  # noqa: E731
+        return self.tokenizer_for(path, texts, vocab_size, part=side)
 
     def load_tokenizers(self) -> tuple[Tokenizer, Tokenizer]:
         """(source, target) tokenizers: one joint BPE over both sides by default, the same object twice."""

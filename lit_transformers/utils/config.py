@@ -44,8 +44,14 @@ def _numeric_only(annotation) -> bool:
 
 def _check_signature(obj, node: DictConfig, full_key: str) -> None:
     """A string where the target's signature wants numbers/bools (``trainer.max_steps=abc``) is an error."""
+    # a class's own arguments and those its __init__ passes on (**shared) to its bases' __init__s
+    targets = (
+        [c.__init__ for c in reversed(obj.__mro__) if "__init__" in vars(c)]
+        if isinstance(obj, type)
+        else [obj]
+    )
     try:
-        hints = typing.get_type_hints(obj.__init__ if isinstance(obj, type) else obj)
+        hints = {key: hint for target in targets for key, hint in typing.get_type_hints(target).items()}
     except Exception:  # noqa: BLE001 - unresolvable annotations: nothing to check against
         return
     for key in node:

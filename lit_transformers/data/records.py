@@ -1,0 +1,128 @@
+"""Data files as records: one reader for the CSV, TSV and JSONL files of every datamodule, and their identity.
+
+A record is a row of a table or an object of a JSONL file, with ``where`` (``file:line``) for its errors: a
+malformed line, a missing column or key, a row with the wrong number of fields, or a value that is not text
+where text is expected each name the file, the line and the column. Suffixes are matched case-insensitively.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+TABLES = {".csv": ",", ".tsv": "\t"}
+JSONL = (".jsonl", ".json")  # .json: one object a line, as JSON Lines
+
+
+def where(path: Path, line: int) -> str:
+    """How every data error names its place: ``file:line``."""
+    return f"{path}:{line}"
+
+
+@dataclass(frozen=True)
+class Record:
+    where: str  # file:line, or any other name of the record (a dataset row: name[i])
+    fields: Mapping
+    kind: str = "column"  # what a field is called in errors: column (tables) or key (JSON)
+
+    def text(
+        self, name: str, optional: bool = False, numbers: bool = False, empty: bool = False
+    ) -> str | None:
+        """The text in field ``name``; a missing one (or a blank one, unless ``empty``) is None when ``optional``,
+        else an error, and so is a value that is not a string (``numbers``: ints and floats are taken as their
+        text, e.g. labels)."""
+        value = self.fields.get(name)
+        if value is None or (isinstance(value, str) and not empty and not value.strip()):
+            if optional:
+                return None
+            raise ValueError(f"{self.where}: {self.kind} {name!r} is missing or empty")
+        accepted = (str, int, float) if numbers else str
+        if isinstance(value, bool) or not isinstance(value, accepted):
+            raise ValueError(
+                f"{self.where}: {self.kind} {name!r} holds {type(value).__name__} {value!r}, where text is "
+                "expected; write it as a string"
+            )
+        return str(value)
+
+
+def data_file(path: str | Path, suffixes: Sequence[str], setting: str) -> Path:
+    """``path`` expanded, once it is a file with one of ``suffixes``; else an error naming ``setting``."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"Data file {path} not found; set {setting}")
+    if path.suffix.lower() not in suffixes:
+        raise ValueError(
+            f"{path}: unknown file type {path.suffix!r}; use {' or '.join(suffixes)} ({setting})"
+        )
+    return path
+
+
+def read_records(
+    path: str | Path,
+    suffixes: Sequence[str],
+    setting: str,
+    required: Mapping[str, str] | None = None,
+    columns: Sequence[str] | None = None,
+) -> list[Record]:
+    """The records of a .csv / .tsv (first line the header) or .jsonl file (blank lines skipped) among
+    ``suffixes``. ``required`` maps each column a table's header (each key a JSON object) must have to the fix
+    its absence names ("rename it or set data.label_field").
+    ``columns`` names the fields of a table without a header: each line is split on the delimiter as it is
+    (no quoting) and must have exactly that many fields."""
+    path = data_file(path, suffixes, setting)
+    with open(path, encoding="utf-8", newline="") as f:
+        if path.suffix.lower() in JSONL:
+            return list(_json_lines(path, f, required or {}))
+        delimiter = TABLES[path.suffix.lower()]
+        if columns is not None:
+            return list(
+                _fixed_rows(path, csv.reader(f, delimiter=delimiter, quoting=csv.QUOTE_NONE), columns)
+            )
+        reader = csv.reader(f, delimiter=delimiter)
+        header = next(reader, [])
+        for name, fix in (required or {}).items():
+            if name not in header:
+                raise ValueError(f"{where(path, 1)}: no column {name!r} (columns: {header}); {fix}")
+        return list(_fixed_rows(path, reader, header))
+
+
+def _fixed_rows(path: Path, reader, columns: Sequence[str]) -> Iterable[Record]:
+    for row in reader:
+        if not any(field.strip() for field in row):
+            continue  # a blank line
+        if len(row) != len(columns):
+            raise ValueError(
+                f"{where(path, reader.line_num)}: expected {len(columns)} fields ({', '.join(columns)}), "
+                f"found {len(row)}"
+            )
+        yield Record(where(path, reader.line_num), dict(zip(columns, row)))
+
+
+def _json_lines(path: Path, lines: Iterable[str], required: Mapping[str, str]) -> Iterable[Record]:
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where(path, n)}: not valid JSON ({err.msg}, column {err.colno})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where(path, n)}: expected a JSON object, found {type(row).__name__}")
+        for name, fix in required.items():
+            if name not in row:
+                raise ValueError(f"{where(path, n)}: no key {name!r} (keys: {sorted(row)}); {fix}")
+        yield Record(where(path, n), row, kind="key")
+
+
+def file_identity(paths: Iterable[str | Path | None]) -> list:
+    """``[path, size, mtime]`` of each file (None for a path that is not a file): keys the caches built from
+    data files, so a tokenizer trained on a file is trained again once the file changes."""
+    identity = []
+    for path in paths:
+        path = Path(path).expanduser() if path else None
+        stat = path.stat() if path is not None and path.is_file() else None
+        identity.append([str(path), stat.st_size, stat.st_mtime_ns] if stat else None)
+    return identity
