@@ -6,7 +6,7 @@ from lit_transformers.lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
-        "backbone": ["create_backbone"],
+        "backbone": ["ImageClassifierConfig", "create_backbone"],
         "bert": ["BERT", "BERTConfig"],
         "clip": ["CLIP", "CLIPConfig"],
         "gpt": ["GPT", "GPTConfig"],
