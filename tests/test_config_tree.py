@@ -22,9 +22,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from conftest import REPO
 
 CONF = REPO / "lit_transformers" / "conf"
-# group -> how an override selects one of its files on its own (schedulers sit under task.scheduler in runs)
 # content the YAML brings for its corpus, which a Python caller gives itself (None: no dashboard sentences)
 CALLER_GIVEN = {"lit_transformers.tasks.masked_lm.MaskedLMTask.dashboard_sentences"}
+# group -> how an override selects one of its files on its own (schedulers sit under task.scheduler in runs)
 GROUPS = {
     "model": "model",
     "task": "task",
