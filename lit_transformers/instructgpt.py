@@ -63,14 +63,6 @@ def stage_overrides(stage: str, done: dict[str, dict]) -> list[str]:
     return overrides + [f"init_from='{ckpt}'"]
 
 
-def best_checkpoint(stage_dir: Path) -> str | None:
-    """The best checkpoint (save_top_k=1 keeps one ``step_*.ckpt``), else ``last.ckpt``."""
-    found = sorted((stage_dir / "checkpoints").glob("step_*.ckpt")) or sorted(
-        (stage_dir / "checkpoints").glob("last.ckpt")
-    )
-    return str(found[-1]) if found else None
-
-
 def compose_stage(overrides: list[str], output_dir: Path) -> DictConfig:
     """A stage's train config, composed as train.py composes it, writing into ``output_dir``."""
     cfg = compose("train", overrides=overrides, return_hydra_config=True)
@@ -188,12 +180,16 @@ def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
             done[stage] = {"comparisons": str(comparisons), "test": counts}
             marker.write_text(json.dumps(done[stage], indent=2))
             continue
-        metrics = train(stage_cfg)
-        checkpoint = best_checkpoint(stage_dir)
-        if checkpoint is None:
-            raise RuntimeError(f"Stage {stage} wrote no checkpoint in {stage_dir / 'checkpoints'}")
-        test = {k.removeprefix("test/"): v for k, v in sorted(metrics.items()) if k.startswith("test/")}
-        done[stage] = {"checkpoint": checkpoint, "test": test}
+        result = train(stage_cfg)
+        if result.best_checkpoint is None:
+            raise RuntimeError(
+                f"Stage {stage} kept no best checkpoint for the next stage; it needs validation and"
+                " checkpointing on (trainer.limit_val_batches > 0, callbacks.model_checkpoint set)"
+            )
+        test = {
+            k.removeprefix("test/"): v for k, v in sorted(result.metrics.items()) if k.startswith("test/")
+        }
+        done[stage] = {"checkpoint": result.best_checkpoint, "test": test}
         marker.write_text(json.dumps(done[stage], indent=2))
     summary = {stage: info["test"] for stage, info in done.items()}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

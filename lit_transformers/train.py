@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -34,16 +35,26 @@ from lit_transformers.utils.run_report import report_interruptions, run_summary
 log = logging.getLogger(__name__)
 
 
-def checkpoint_to_test(cfg: DictConfig, trainer: L.Trainer) -> str | None:
-    """The best checkpoint of this training, or ``ckpt_path`` when not training (``train=false ckpt_path=X``
-    evaluates X); None, with a warning that says why, when the current weights are all there is."""
-    checkpoints = trainer.checkpoint_callback
+@dataclass(frozen=True)
+class TrainResult:
+    """What a run leaves: its final metrics (training's, then the test's) and its best checkpoint."""
+
+    metrics: dict[str, float]
+    best_checkpoint: str | None  # see best_checkpoint(); the InstructGPT chain feeds it to the next stage
+
+
+def best_checkpoint(cfg: DictConfig, trainer: L.Trainer) -> str | None:
+    """The checkpoint the checkpoint callback judged best in this training (its ``monitor``), or ``ckpt_path``
+    when not training (``train=false ckpt_path=X`` evaluates X); None when there is none."""
     if not cfg.train:
-        weights = cfg.ckpt_path
-    else:  # not ckpt_path: that is where a resumed training started, not where it ended
-        weights = checkpoints.best_model_path if checkpoints else None
-    if weights:
-        return weights
+        return cfg.ckpt_path or None
+    checkpoints = trainer.checkpoint_callback  # not ckpt_path: that is where a resumed training started
+    return (checkpoints.best_model_path or None) if checkpoints else None
+
+
+def warn_nothing_to_test(cfg: DictConfig, trainer: L.Trainer) -> None:
+    """Says why there is no checkpoint to test, so the current weights are tested."""
+    checkpoints = trainer.checkpoint_callback
     if not cfg.train:
         why = "train=false without ckpt_path; pass ckpt_path=<run>/checkpoints/<name>.ckpt"
     elif trainer.fast_dev_run:
@@ -55,7 +66,6 @@ def checkpoint_to_test(cfg: DictConfig, trainer: L.Trainer) -> str | None:
     else:
         why = f"none was kept as best (save_top_k={checkpoints.save_top_k})"
     log.warning("No checkpoint to test: %s. Testing the weights as they are", why)
-    return None
 
 
 def optimized_value(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
@@ -72,8 +82,9 @@ def optimized_value(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
     return None
 
 
-def train(cfg: DictConfig) -> dict[str, float]:
-    """Fit and/or test as the config says; returns the final metrics (used by Hydra sweeps)."""
+def train(cfg: DictConfig) -> TrainResult:
+    """Fit and/or test as the config says; returns the final metrics (Hydra sweeps optimize one) and the
+    best checkpoint."""
     L.seed_everything(cfg.seed, workers=True)
     parents = cfg.init_from.values() if isinstance(cfg.init_from, DictConfig) else [cfg.init_from]
     for key, path in [("ckpt_path", cfg.ckpt_path), *(("init_from", p) for p in parents)]:
@@ -101,13 +112,13 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 task, datamodule=datamodule, ckpt_path=cfg.ckpt_path, weights_only=not cfg.trust_checkpoint
             )
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-        # now: testing a checkpoint loads the checkpoint callback's state from it, an older last_model_path too
+        # now: testing a checkpoint loads the checkpoint callback's state from it, an older best and last too
+        best = best_checkpoint(cfg, trainer)
         where = run_summary(trainer, loggers, cfg.paths.output_dir) if trainer.is_global_zero else ""
         if cfg.test:
-            weights = checkpoint_to_test(cfg, trainer)
-            trainer.test(
-                task, datamodule=datamodule, ckpt_path=weights or None, weights_only=not cfg.trust_checkpoint
-            )
+            if best is None:
+                warn_nothing_to_test(cfg, trainer)
+            trainer.test(task, datamodule=datamodule, ckpt_path=best, weights_only=not cfg.trust_checkpoint)
             metrics |= {k: float(v) for k, v in trainer.callback_metrics.items()}
         if cfg.get("sample") and hasattr(task, "sample"):
             # every rank generates (an FSDP forward needs them all); rank 0 prints
@@ -123,7 +134,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
                 import wandb
 
                 wandb.finish()  # also when training raised: one finished run per (multirun) job
-    return metrics
+    return TrainResult(metrics, best)
 
 
 @hydra.main(version_base="1.3", config_path="pkg://lit_transformers.conf", config_name="train")
@@ -140,7 +151,7 @@ def main(cfg: DictConfig) -> float | None:
             if launched_here:
                 keep_earlier_csv_logs(cfg)
             cfg = resolve_once(cfg, save=job_rank_zero)
-            return optimized_value(cfg, train(cfg))
+            return optimized_value(cfg, train(cfg).metrics)
     except BaseException:
         if launched_here:  # a run that failed before producing anything leaves no folder behind
             remove_if_only_config(Path(HydraConfig.get().runtime.output_dir))

@@ -78,7 +78,7 @@ def run_experiment(tmp_path: Path, overrides: list[str]) -> dict[str, float]:
     """Compose ``train.yaml`` with the overrides and run ``train``; the run folder is ``tmp_path``."""
     with initialize_config_module("lit_transformers.conf", version_base="1.3"):
         cfg = compose("train", overrides=[f"paths.output_dir={tmp_path}", *overrides])
-    return train(cfg)
+    return train(cfg).metrics
 
 
 def tiny_clip_task(init_logit_scale: float = math.log(1 / 0.07), **task_kwargs) -> ContrastiveTask:

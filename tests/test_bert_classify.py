@@ -151,7 +151,7 @@ def _classify(compose_cfg, locale: Path, *overrides: str):
 
 def test_fast_dev_run_bert_classify_on_generated_catalogs(compose_cfg, tmp_path):
     locale = write_locale(tmp_path / "locale", n_messages=10)
-    metrics = train(_classify(compose_cfg, locale, "debug=fdr", "data.languages=[de,fr,es]"))
+    metrics = train(_classify(compose_cfg, locale, "debug=fdr", "data.languages=[de,fr,es]")).metrics
     assert {"test/acc", "test/f1_macro", "test/loss"} <= set(metrics)
 
 
@@ -162,7 +162,7 @@ def test_classifier_learns_language_id_and_logs_a_labelled_confusion_matrix(comp
         "trainer.limit_val_batches=null", "trainer.limit_test_batches=null", "task.optimizer.lr=3e-3",
         "task.scheduler.warmup_steps=5",
     )  # fmt: skip
-    metrics = train(cfg)
+    metrics = train(cfg).metrics
     assert metrics["test/acc"] > 0.8  # three languages with disjoint vocabularies; chance is 1/3
     assert list((tmp_path / "csv" / "images").glob("test_confusion_matrix_step*.png"))
     task = SequenceClassificationTask.load_from_checkpoint(

@@ -171,16 +171,14 @@ def test_attention_map_rows_are_distributions_over_real_tokens():
     assert attn[1, :, 5:].abs().max() == 0
 
 
-def test_presets_have_the_published_sizes():
+def test_presets_have_the_published_sizes(compose_cfg):
     from omegaconf import OmegaConf
-
-    from conftest import REPO
 
     sizes = {}
     for name in ("bert_base", "bert_large"):
         spec = OmegaConf.to_container(
-            OmegaConf.load(REPO / "lit_transformers" / "conf" / "model" / f"{name}.yaml")
-        )
+            compose_cfg(f"model={name}", resolve=False).model
+        )  # with what it inherits
         spec.pop("_target_")
         spec["vocab_size"] = 30522
         with torch.device("meta"):

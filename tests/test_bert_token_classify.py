@@ -66,7 +66,7 @@ def test_fast_dev_run_bert_token_classify(compose_cfg, tmp_path):
     cfg = compose_cfg(
         "experiment=bert_token_classify", f"data.path={path}", "debug=fdr", "data.vocab_size=100", *TINY_MODEL
     )
-    metrics = train(cfg)
+    metrics = train(cfg).metrics
     assert {"test/acc", "test/entity_f1", "test/entity_precision", "test/entity_recall"} <= set(metrics)
 
 
@@ -77,6 +77,6 @@ def test_token_classifier_learns_entities(compose_cfg, tmp_path):
         "trainer.max_steps=40", "trainer.val_check_interval=20", "trainer.limit_val_batches=null",
         "trainer.limit_test_batches=null", "task.optimizer.lr=3e-3", "task.scheduler.warmup_steps=5",
     )  # fmt: skip
-    metrics = train(cfg)
+    metrics = train(cfg).metrics
     assert metrics["test/entity_f1"] > 0.9 and metrics["test/acc"] > 0.95
     assert metrics["val/entity_f1_best"] >= metrics["val/entity_f1"]

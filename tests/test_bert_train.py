@@ -28,7 +28,7 @@ TINY_BERT = [*TINY_MODEL, TINY_PAIRS, "data.vocab_size=400", "data.dupe_factor=1
 def test_fast_dev_run_bert_pretrain(compose_cfg):
     metrics = train(
         compose_cfg("experiment=bert_pretrain", "debug=fdr", *TINY_MODEL, TINY_PAIRS, "data.vocab_size=400")
-    )
+    ).metrics
     for key in (
         "test/mlm_loss",
         "test/mlm_acc",
@@ -61,11 +61,11 @@ def test_fast_dev_run_bert_base_pretrain(compose_cfg, size):
         and cfg.task.optimizer.lr == 1e-4
         and cfg.task.scheduler.warmup_steps == 10000
     )
-    assert "test/mlm_acc" in train(cfg)
+    assert "test/mlm_acc" in train(cfg).metrics
 
 
 def test_tiny_pretraining_logs_every_metric_and_the_dashboards(compose_cfg, tmp_path):
-    metrics = train(compose_cfg("experiment=bert_pretrain", *TINY_BERT))
+    metrics = train(compose_cfg("experiment=bert_pretrain", *TINY_BERT)).metrics
     with open(tmp_path / "csv" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     logged = {k for row in rows for k, v in row.items() if v}

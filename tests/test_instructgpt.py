@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 import sys
@@ -248,7 +249,7 @@ def test_every_stage_runs_fast_dev_run(compose_cfg, experiment):
     experiment, *packed = experiment.split()
     metrics = train(
         _stage_cfg(compose_cfg, experiment, "debug=fdr", *(["data.packing=true"] if packed else []))
-    )
+    ).metrics
     assert metrics and all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
     expected = {
         "gpt_sft": ["test/loss", "test/judge_exact", "test/judge_score"],
@@ -392,3 +393,31 @@ def test_chain_runs_every_stage_feeds_the_next_and_resumes(tmp_path, cache_dir, 
     assert again["sft"] == summary["sft"] and "ppo" in again and "dpo" not in again
     assert len(list((tmp_path / "run").glob("ppo.incomplete-*"))) == 1
     assert "ppo judge_score" in capsys.readouterr().out  # the printed table
+
+
+def test_chain_feeds_on_the_checkpoint_judged_best_not_the_latest(tmp_path, cache_dir):
+    # two checkpoints kept, "best" by the highest val/loss: the earlier one, unless the loss rose
+    cfg = OmegaConf.load(REPO / "lit_transformers" / "conf" / "instructgpt.yaml")
+    del cfg["hydra"]
+    cfg.run_dir = str(tmp_path / "run")
+    cfg.stages = ["pretrain"]
+    cfg.common = [
+        *TINY,
+        f"paths.cache_dir={cache_dir}",
+        "data.vocab_size=300",
+        "trainer.max_steps=4",
+        "trainer.val_check_interval=2",
+        "callbacks.model_checkpoint.save_top_k=2",
+        "callbacks.model_checkpoint.mode=max",
+        "test=false",
+    ]
+    chain(cfg)
+    stage = tmp_path / "run" / "pretrain"
+    with open(stage / "csv" / "metrics.csv") as f:
+        losses = {
+            int(row["step"]): float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")
+        }
+    worst = max(losses, key=losses.get) + 1  # the CSV's step of a validation is the checkpoint's step - 1
+    expected = stage / "checkpoints" / f"step_{worst:06d}.ckpt"
+    assert expected.is_file() and len(list((stage / "checkpoints").glob("step_*.ckpt"))) == 2
+    assert json.loads((stage / "stage.json").read_text())["checkpoint"] == str(expected)

@@ -49,12 +49,12 @@ def test_every_experiment_composes_and_instantiates(compose_cfg, experiment):
 @pytest.mark.parametrize("experiment", LM_EXPERIMENTS)
 def test_every_lm_experiment_runs_fast_dev_run(compose_cfg, experiment):
     cfg = compose_cfg(f"experiment={experiment}", "debug=fdr", "sample=null")
-    metrics = train(cfg)
+    metrics = train(cfg).metrics
     assert metrics and all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
 
 
 def test_tiny_run_logs_namespaced_metrics_checkpoints_and_samples(compose_cfg, tmp_path, capsys):
-    metrics = train(compose_cfg(*TINY_LM, "callbacks.tokens_per_s.peak_flops=1e9"))
+    metrics = train(compose_cfg(*TINY_LM, "callbacks.tokens_per_s.peak_flops=1e9")).metrics
     rows = _metrics(tmp_path)
     logged = {k for row in rows for k, v in row.items() if v}
     for key in (
@@ -135,11 +135,11 @@ def test_init_from_loads_weights_and_the_child_no_longer_needs_the_parent(compos
 
 
 def test_test_only_run_evaluates_the_given_checkpoint(compose_cfg, tmp_path):
-    trained = train(compose_cfg(*TINY_LM, "sample=null"))
+    trained = train(compose_cfg(*TINY_LM, "sample=null")).metrics
     # test=true after training evaluates the best checkpoint; evaluating last.ckpt alone must give its loss,
     # not the loss of freshly initialised weights (~ln(vocab) = 5.70)
     last = tmp_path / "checkpoints" / "last.ckpt"
-    again = train(compose_cfg(*TINY_LM, "sample=null", "train=false", f"ckpt_path={last}"))
+    again = train(compose_cfg(*TINY_LM, "sample=null", "train=false", f"ckpt_path={last}")).metrics
     assert again["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-4)
 
 

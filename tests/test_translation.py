@@ -172,7 +172,7 @@ def test_fast_dev_run_of_both_experiments(compose_cfg, tmp_path, experiment):
     locale = write_parallel_locale(tmp_path / "locale", n=10)
     overrides = ["data.vocab_size=300", "data.num_workers=0", "trainer=cpu", "task.max_extra_tokens=2"]
     cfg = compose_cfg(f"experiment={experiment}", f"data.path={locale}", "debug=fdr", *overrides)
-    metrics = train(cfg)
+    metrics = train(cfg).metrics
     assert {"test/bleu", "test/chrf", "test/bleu_greedy", "test/bleu_identity", "test/loss"} <= set(metrics)
 
 
@@ -182,7 +182,7 @@ def tiny_run(tmp_path_factory, cache_dir) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("tiny_translation")
     locale = write_parallel_locale(root / "locale")
     cfg = compose_train_cfg(*_translation(locale), output_dir=root / "run", cache_dir=cache_dir)
-    metrics = train(cfg)
+    metrics = train(cfg).metrics
     GlobalHydra.instance().clear()
     return root, metrics
 
@@ -235,7 +235,7 @@ def test_bleu_over_two_ranks_equals_one_process(compose_cfg, tiny_run, tmp_path,
         "trainer.limit_test_batches=1.0",
     ]
     one = compose_cfg(*evaluate)
-    single = train(one)
+    single = train(one).metrics
     test_batches = TranslationDataModule(**{k: v for k, v in one.data.items() if k != "_target_"})
     test_batches.setup()
     assert len(test_batches.datasets["test"]) % 2 == 1

@@ -1,21 +1,16 @@
-"""Lightning callbacks that the stock ones do not cover."""
+"""Lightning callbacks that the stock ones do not cover. Exports load lazily, each from its own file."""
 
-from lit_transformers.callbacks.final_validation import ValidateAfterLastStep
-from lit_transformers.callbacks.interrupt import Interrupted, StopOnSignal
-from lit_transformers.callbacks.nonfinite import NonFiniteLossError, StopOnNonFiniteLoss
-from lit_transformers.callbacks.progress import StepProgressBar
-from lit_transformers.callbacks.random_state import RandomStateCheckpoint
-from lit_transformers.callbacks.samples import TextSamples
-from lit_transformers.callbacks.throughput import TokensPerSecond
+from lit_transformers.lazy import lazy_exports
 
-__all__ = [
-    "Interrupted",
-    "NonFiniteLossError",
-    "RandomStateCheckpoint",
-    "StepProgressBar",
-    "StopOnNonFiniteLoss",
-    "StopOnSignal",
-    "TextSamples",
-    "TokensPerSecond",
-    "ValidateAfterLastStep",
-]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "final_validation": ["ValidateAfterLastStep"],
+        "interrupt": ["Interrupted", "StopOnSignal"],
+        "nonfinite": ["NonFiniteLossError", "StopOnNonFiniteLoss"],
+        "progress": ["StepProgressBar"],
+        "random_state": ["RandomStateCheckpoint"],
+        "samples": ["TextSamples"],
+        "throughput": ["TokensPerSecond"],
+    },
+)

@@ -1,21 +1,16 @@
-"""Model families as plain ``nn.Module``s (no Lightning)."""
+"""Model families as plain ``nn.Module``s (no Lightning). Exports load lazily: ``GPT`` imports ``gpt.py``
+alone, not timm behind ``create_backbone``."""
 
-from lit_transformers.models.backbone import create_backbone
-from lit_transformers.models.bert import BERT, BERTConfig
-from lit_transformers.models.clip import CLIP, CLIPConfig
-from lit_transformers.models.gpt import GPT, GPTConfig
-from lit_transformers.models.scalar import ScalarGPT
-from lit_transformers.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from lit_transformers.lazy import lazy_exports
 
-__all__ = [
-    "BERT",
-    "BERTConfig",
-    "CLIP",
-    "CLIPConfig",
-    "GPT",
-    "GPTConfig",
-    "ScalarGPT",
-    "Seq2SeqConfig",
-    "Seq2SeqTransformer",
-    "create_backbone",
-]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "backbone": ["ImageClassifierConfig", "create_backbone"],
+        "bert": ["BERT", "BERTConfig"],
+        "clip": ["CLIP", "CLIPConfig"],
+        "gpt": ["GPT", "GPTConfig"],
+        "scalar": ["ScalarGPT"],
+        "seq2seq": ["Seq2SeqConfig", "Seq2SeqTransformer"],
+    },
+)

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import timm
 from torch import nn
+
+
+@dataclass
+class ImageClassifierConfig:
+    """An image classifier: any timm model by name, its class count taken from the data."""
+
+    backbone: dict = field(default_factory=lambda: {"name": "vit_tiny_patch16_224"})  # create_backbone kwargs
 
 
 def create_backbone(

@@ -20,9 +20,7 @@ from lit_transformers.nn import EncoderBlock, LearnedPositions, MaskedLMHead, pa
 
 @dataclass
 class BERTConfig:
-    vocab_size: int | None = (
-        30522  # None: the task takes its tokenizer's size (BERT's uncased WordPiece: 30522)
-    )
+    vocab_size: int | None = None  # None: the task takes its tokenizer's size (BERT's WordPiece: 30522)
     max_position: int = 512  # longest input, [CLS] and [SEP]s included
     type_vocab_size: int = 2  # segments: 0 for "[CLS] A [SEP]", 1 for "B [SEP]"
     n_layer: int = 12

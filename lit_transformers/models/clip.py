@@ -17,8 +17,8 @@ from lit_transformers.nn import DecoderBlock, LearnedPositions
 class CLIPConfig:
     image: dict = field(default_factory=lambda: {"name": "vit_tiny_patch16_224"})  # create_backbone kwargs
     embed_dim: int = 512  # shared image-text embedding width
-    vocab_size: int | None = 49408  # None: the task takes its tokenizer's size
-    eos_id: int | None = 2  # text features are read at this token's position; None: the tokenizer's EOS
+    vocab_size: int | None = None  # None: the task takes its tokenizer's size (OpenAI CLIP's BPE: 49408)
+    eos_id: int | None = None  # text features are read at this token's position; None: the tokenizer's EOS
     context_length: int = 77  # max caption tokens including EOS
     text_width: int = 512  # text Transformer width
     text_layers: int = 12  # text Transformer blocks

@@ -22,7 +22,7 @@ from lit_transformers.nn import (
 
 @dataclass
 class GPTConfig:
-    vocab_size: int | None = 50304  # None: the task takes its tokenizer's size; GPT-2 pads 50257 to x64
+    vocab_size: int | None = None  # None: the task takes its tokenizer's size (GPT-2 pads 50257 to 50304)
     block_size: int = 256  # longest context the model sees
     n_layer: int = 6
     n_head: int = 6

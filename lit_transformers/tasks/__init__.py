@@ -1,38 +1,24 @@
-"""One LightningModule per training objective, on the shared base ``Task``."""
+"""One LightningModule per training objective, on the shared base ``Task``. Exports load lazily: a GPT run
+imports its task's file, not timm behind ``ImageClassificationTask``."""
 
-from lit_transformers.tasks.base import Task, build_config, load_weights
-from lit_transformers.tasks.causal_lm import CausalLMTask
-from lit_transformers.tasks.contrastive import ContrastiveTask
-from lit_transformers.tasks.dpo import DPOTask
-from lit_transformers.tasks.encoder import EncoderTask
-from lit_transformers.tasks.image_classification import ImageClassificationTask
-from lit_transformers.tasks.masked_lm import MaskedLMTask
-from lit_transformers.tasks.optim import decay_groups, inverse_sqrt, warmup_cosine, warmup_linear
-from lit_transformers.tasks.ppo import PPOTask
-from lit_transformers.tasks.reward import RewardTask
-from lit_transformers.tasks.sequence_classification import SequenceClassificationTask
-from lit_transformers.tasks.sft import SFTTask
-from lit_transformers.tasks.token_classification import TokenClassificationTask
-from lit_transformers.tasks.translation import TranslationTask
+from lit_transformers.lazy import lazy_exports
 
-__all__ = [
-    "CausalLMTask",
-    "ContrastiveTask",
-    "DPOTask",
-    "EncoderTask",
-    "ImageClassificationTask",
-    "MaskedLMTask",
-    "PPOTask",
-    "RewardTask",
-    "SFTTask",
-    "SequenceClassificationTask",
-    "Task",
-    "TokenClassificationTask",
-    "TranslationTask",
-    "build_config",
-    "decay_groups",
-    "inverse_sqrt",
-    "load_weights",
-    "warmup_cosine",
-    "warmup_linear",
-]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "base": ["Task", "build_config", "load_weights"],
+        "causal_lm": ["CausalLMTask"],
+        "contrastive": ["ContrastiveTask"],
+        "dpo": ["DPOTask"],
+        "encoder": ["EncoderTask"],
+        "image_classification": ["ImageClassificationTask"],
+        "masked_lm": ["MaskedLMTask"],
+        "optim": ["decay_groups", "inverse_sqrt", "warmup_cosine", "warmup_linear"],
+        "ppo": ["PPOTask"],
+        "reward": ["RewardTask"],
+        "sequence_classification": ["SequenceClassificationTask"],
+        "sft": ["SFTTask"],
+        "token_classification": ["TokenClassificationTask"],
+        "translation": ["TranslationTask"],
+    },
+)

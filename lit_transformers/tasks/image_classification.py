@@ -10,27 +10,31 @@ from torch import nn
 from torchmetrics import MaxMetric, MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
-from lit_transformers.models.backbone import create_backbone
-from lit_transformers.tasks.base import Task
+from lit_transformers.models.backbone import ImageClassifierConfig, create_backbone
+from lit_transformers.tasks.base import Task, build_config, config_spec
 from lit_transformers.tasks.evaluation import matrix_image
 from lit_transformers.utils.dashboards import log_image
 
 
 class ImageClassificationTask(Task):
-    """Args: ``model``, ``{backbone: create_backbone kwargs}`` (the class count comes from the data);
+    """Args: ``model``, the :class:`ImageClassifierConfig` spec (the class count comes from the data);
     ``label_smoothing``; ``layer_decay``: timm layer-wise lr decay; ``per_class_limit``: log per-class test
     accuracy up to this many classes; ``class_names``: taken from the datamodule and kept in checkpoints;
     the rest as in :class:`Task`."""
 
     def __init__(
         self,
-        model: dict,
-        label_smoothing: float = 0.0,
+        model: dict | ImageClassifierConfig,
+        label_smoothing: float = 0.1,
         layer_decay: float | None = None,
         per_class_limit: int = 100,
         class_names: list[str] | None = None,
         **task_args,
     ):
+        # a plain {backbone: ...}, as checkpoints from before ImageClassifierConfig hold
+        if isinstance(model, dict) and "_target_" not in model:
+            model = ImageClassifierConfig(**model)
+        model = config_spec(model)  # before the base records the arguments as hyperparameters
         super().__init__(**task_args)
         self.soft_target_loss = SoftTargetCrossEntropy()
         self.val_acc_best = MaxMetric()
@@ -47,7 +51,7 @@ class ImageClassificationTask(Task):
         self.test_metrics = self.val_metrics.clone(prefix="test/")
         self.test_per_class = MulticlassAccuracy(n, average=None)
         self.test_confusion = MulticlassConfusionMatrix(n)
-        return create_backbone(**self.hparams.model["backbone"], num_classes=n)
+        return create_backbone(**build_config(self.hparams.model).backbone, num_classes=n)
 
     def param_groups(self) -> list[dict]:
         """With ``layer_decay``, timm's groups: lr scaled by layer_decay^(depth - layer) ("lr_scale", applied

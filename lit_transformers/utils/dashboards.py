@@ -11,7 +11,6 @@ import os
 from collections.abc import Sequence
 
 import torch
-import torchvision
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 
 
@@ -32,6 +31,8 @@ def log_image(trainer, key: str, image: torch.Tensor) -> None:
         elif isinstance(logger, CSVLogger):
             path = os.path.join(logger.log_dir, "images", f"{_file_name(key)}_step{step}.png")
             os.makedirs(os.path.dirname(path), exist_ok=True)
+            import torchvision  # here: a text run that logs only tables need not import it
+
             torchvision.io.write_png(image, path)
 
 
