@@ -4,8 +4,8 @@ config dataclass, and the Python defaults of this package's classes equal their 
 The rule for defaults: a value that every config file of a class agrees on is that class's default, so a
 Python caller (``GPTConfig()``, ``TextSamples(prompts)``) gets what a YAML user gets. Values that differ between
 a class's files (the sizes of ``gpt_nano`` and ``gpt_mini``) are those presets' own choice, interpolations
-come from the run, and a nested ``_target_`` config is checked in its own group. The data group is not
-checked here yet."""
+come from the run, and a nested ``_target_`` config is checked in its own group. The data group has its own
+rule (each datamodule against its home file, where mandatory paths are set): tests/test_datamodules.py."""
 
 from __future__ import annotations
 
