@@ -107,7 +107,8 @@ class TranslationTask(Task):
     def forward(self, src_ids: torch.Tensor, tgt_ids: torch.Tensor, src_valid: torch.Tensor) -> torch.Tensor:
         return self.model(src_ids, tgt_ids, src_valid)
 
-    def _loss(self, batch: dict, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self, batch: dict, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed token loss, token count) of a batch, the pair CausalLMTask._step returns."""
         return self.model(
             batch["src_ids"],
             batch["tgt_ids"],
@@ -117,7 +118,7 @@ class TranslationTask(Task):
         )
 
     def training_step(self, batch, batch_idx):
-        total, count = self._loss(batch, self.hparams.label_smoothing)
+        total, count = self._step(batch, self.hparams.label_smoothing)
         loss = token_mean(total, count)
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         real = batch["src_valid"].sum() + batch["tgt_valid"].sum()
@@ -154,7 +155,7 @@ class TranslationTask(Task):
         self.scores[f"{stage}_chrf"].update(hypotheses, references)
 
     def _eval_step(self, batch: dict, stage: str, mean: MeanMetric, beam_size: int) -> None:
-        total, count = self._loss(batch, 0.0)
+        total, count = self._step(batch, 0.0)
         mean.update(token_mean(total, count), weight=count)
         self.log(f"{stage}/loss", mean, on_epoch=True, prog_bar=stage == "val")
         references = batch["tgt_text"]
