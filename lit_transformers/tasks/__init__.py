@@ -1,6 +1,6 @@
 """One LightningModule per training objective, on the shared base ``Task``."""
 
-from lit_transformers.tasks.base import Task
+from lit_transformers.tasks.base import Task, build_config, load_weights
 from lit_transformers.tasks.causal_lm import CausalLMTask
 from lit_transformers.tasks.contrastive import ContrastiveTask
 from lit_transformers.tasks.dpo import DPOTask
@@ -12,7 +12,6 @@ from lit_transformers.tasks.ppo import PPOTask
 from lit_transformers.tasks.reward import RewardTask
 from lit_transformers.tasks.sequence_classification import SequenceClassificationTask
 from lit_transformers.tasks.sft import SFTTask
-from lit_transformers.tasks.specs import build_config, load_weights
 from lit_transformers.tasks.token_classification import TokenClassificationTask
 from lit_transformers.tasks.translation import TranslationTask
 

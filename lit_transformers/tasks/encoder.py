@@ -9,8 +9,7 @@ import torch
 
 from lit_transformers.contract import TokenizedText
 from lit_transformers.models import BERT, BERTConfig
-from lit_transformers.tasks.base import Task
-from lit_transformers.tasks.specs import config_spec
+from lit_transformers.tasks.base import Task, config_spec
 
 
 class EncoderTask(Task):
