@@ -94,6 +94,7 @@ def train(cfg: DictConfig) -> TrainResult:
     datamodule: L.LightningDataModule = instantiate(cfg.data, _convert_="all")
     # the task builds its models, optimizer and schedule from its plain config (kept as its hyperparameters)
     task: L.LightningModule = instantiate(cfg.task, _recursive_=False, _convert_="all")
+    task.connect_data(datamodule)  # the one way a task gets its data: checked against what it declares
     if cfg.ckpt_path:
         check_task_fits(
             read_checkpoint(cfg.ckpt_path, "ckpt_path", cfg.trust_checkpoint), cfg.ckpt_path, task

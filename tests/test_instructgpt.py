@@ -286,6 +286,7 @@ def _fit(cfg, **trainer_args):
         enable_model_summary=False,
         **trainer_args,
     )
+    task.connect_data(datamodule)
     trainer.fit(task, datamodule=datamodule)
     return task, trainer, datamodule
 

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from lit_transformers.callbacks import NonFiniteLossError, StopOnNonFiniteLoss
+from lit_transformers.data import ImageClassificationDataModule
 from lit_transformers.models import GPT, GPTConfig
 from lit_transformers.nn import IGNORE_INDEX
-from lit_transformers.tasks import CausalLMTask, decay_groups, load_weights, warmup_cosine
+from lit_transformers.tasks import CausalLMTask, TranslationTask, decay_groups, load_weights, warmup_cosine
 
 TINY = GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=2, d_model=16)
 
@@ -177,3 +178,26 @@ def test_non_finite_loss_stops_before_the_update_and_writes_no_checkpoint(tmp_pa
         for k in before
     )
     assert not list(tmp_path.glob("*.ckpt"))
+
+
+def test_connect_data_names_what_the_datamodule_lacks():
+    task = TranslationTask({"_target_": "lit_transformers.models.Seq2SeqConfig"}, optimizer={})
+    with pytest.raises(TypeError) as error:
+        task.connect_data(ImageClassificationDataModule())
+    for missing in (
+        "tokenizer (ParallelText)",
+        "source_tokenizer (ParallelText)",
+        "fixed_examples (ParallelText)",
+    ):
+        assert missing in str(error.value)
+    assert task.data is None
+
+    class Parallel:  # the attributes alone make a datamodule fit; their values come with its setup
+        tokenizer = source_tokenizer = None
+
+        def fixed_examples(self, n: int) -> list[tuple[str, str]]:
+            return []
+
+    data = Parallel()
+    task.connect_data(data)
+    assert task.data is data

@@ -78,6 +78,7 @@ def _fit(task, steps=3, **trainer_kwargs) -> L.Trainer:
         accelerator="cpu",
         **trainer_kwargs,
     )
+    task.connect_data(datamodule)
     trainer.fit(task, datamodule=datamodule)
     return trainer
 

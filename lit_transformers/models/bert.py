@@ -8,7 +8,6 @@ to the word embeddings) and whether segment B follows segment A (NSP, on the poo
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import torch
 from torch import nn
 
 from lit_transformers.nn import EncoderBlock, LearnedPositions, MaskedLMHead, padding_mask
+from lit_transformers.nn.attention import recorded_attention
 
 
 @dataclass
@@ -130,21 +130,11 @@ class BERT(nn.Module):
     ) -> torch.Tensor:
         """(B, T, T) attention probabilities of the last layer, mean over heads (for dashboards).
 
-        The blocks attend through SDPA, which returns no weights, so the last layer's scores are recomputed
-        here from its input."""
-        mask = padding_mask(attention_mask) if attention_mask is not None else None
-        x = self.embed(input_ids, token_type_ids)
-        for block in self.blocks[:-1]:
-            x = block(x, mask=mask)
-        attn = self.blocks[-1].attn
-        B, T, C = x.shape
-        q, k, _ = (
-            t.view(B, T, attn.n_head, attn.head_dim).transpose(1, 2) for t in attn.qkv_proj(x).split(C, -1)
-        )
-        scores = q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim)  # (B, nh, T, T)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        return scores.softmax(-1).mean(1)
+        The blocks attend through SDPA, which returns no weights, so the last layer writes them out during
+        a whole forward (:func:`nn.attention.recorded_attention`): from inside its block, as FSDP needs."""
+        with recorded_attention(self.blocks[-1].attn) as probs:
+            self(input_ids, attention_mask, token_type_ids)
+        return probs[0].mean(1)
 
     # ---- Hugging Face BERT interoperability --------------------------------------------------
 

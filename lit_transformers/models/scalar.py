@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from lit_transformers.models.gpt import GPT, GPTConfig
-from lit_transformers.nn import ScalarHead, last_true_index, padded_attention_mask, padded_position_ids
+from lit_transformers.nn import ScalarHead, last_true_index
+from lit_transformers.nn.generation import padded_forward
 
 
 class ScalarGPT(nn.Module):
@@ -20,10 +21,7 @@ class ScalarGPT(nn.Module):
     def forward(self, idx: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """idx, attention_mask (B, T) -> per-token values (B, T), under the padding-aware mask and positions
         that generation uses (left or right padding)."""
-        hidden = self.body.hidden_states(
-            idx, padded_position_ids(attention_mask), padded_attention_mask(attention_mask)
-        )
-        return self.head(hidden)
+        return self.head(padded_forward(self.body.hidden_states, idx, attention_mask))
 
     def score(self, idx: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B,) the value at each row's last real (non-pad) token: the reward of the whole sequence."""

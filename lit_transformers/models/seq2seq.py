@@ -65,8 +65,8 @@ class SourceDecoder(nn.Module):
     """The decoder bound to a batch of encoded sources, in the protocol of ``nn.generate`` and
     ``nn.beam_search``: ``decoder(ids, position_ids=, mask=, caches=, last_only=)`` and ``new_caches``.
 
-    ``beams`` > 1 repeats each source for that many consecutive rows. The caches project the encoder memory
-    to every layer's cross-attention keys/values once per sentence, before decoding starts.
+    ``beams`` > 1 repeats each source for that many consecutive rows. The first decoding step projects the
+    encoder memory to every layer's cross-attention keys/values, which the caches keep for the later steps.
     """
 
     def __init__(
@@ -74,8 +74,7 @@ class SourceDecoder(nn.Module):
     ):
         super().__init__()
         self.model, self.beams = model, beams
-        self.source_memory = memory  # (B, S, d): one row per sentence
-        self.memory = memory.repeat_interleave(beams, dim=0) if beams > 1 else memory
+        self.memory = memory.repeat_interleave(beams, dim=0) if beams > 1 else memory  # (B * beams, S, d)
         self.context_mask = source_mask(src_valid.repeat_interleave(beams, dim=0))
 
     def forward(self, ids, position_ids=None, mask=None, caches=None, last_only=False) -> torch.Tensor:
@@ -86,13 +85,15 @@ class SourceDecoder(nn.Module):
         if max_len > c.max_len:
             raise ValueError(f"Decoding {max_len} tokens exceeds model.max_len={c.max_len}")
         head_dim, S = c.d_model // c.n_head, self.memory.size(1)
-        caches = []
-        for block in self.model.decoder:
-            k, v = block.cross_attn.context_kv(self.source_memory)  # (B, nh, S, hs)
-            cross = KVCache(batch_size, c.n_head, S, head_dim, device, dtype)
-            cross.append(k.repeat_interleave(self.beams, dim=0), v.repeat_interleave(self.beams, dim=0))
-            caches.append(LayerCache(KVCache(batch_size, c.n_head, max_len, head_dim, device, dtype), cross))
-        return caches
+        # the cross-attention caches start empty: the first step projects the memory inside each block's
+        # forward (where FSDP has the block's weights), later steps read it back
+        return [
+            LayerCache(
+                KVCache(batch_size, c.n_head, max_len, head_dim, device, dtype),
+                KVCache(batch_size, c.n_head, S, head_dim, device, dtype),
+            )
+            for _ in self.model.decoder
+        ]
 
 
 class Seq2SeqTransformer(nn.Module):

@@ -6,6 +6,9 @@ broadcastable to (B, n_head, T_q, T_k) where ``True`` means "may attend".
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -116,12 +119,16 @@ class MultiHeadAttention(nn.Module):
         return self._split_heads(k), self._split_heads(v)
 
     def attention_probs(
-        self, x: torch.Tensor, context: torch.Tensor, mask: torch.Tensor | None = None
+        self, x: torch.Tensor, context: torch.Tensor | None = None, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Cross-attention probabilities (B, nh, T, S) of queries ``x`` over ``context``, written out for
-        pictures (the fused kernel of :meth:`forward` never materialises them)."""
-        q = self._split_heads(self.q_proj(x))
-        k, _ = self.context_kv(context)
+        """Attention probabilities (B, nh, T, T_k) of queries ``x`` over ``context`` (cross-attention) or
+        over ``x`` itself, written out for pictures (the fused kernel of :meth:`forward` never materialises
+        them); no causal mask, RoPE or cache. Call it through :func:`recorded_attention`, inside a forward."""
+        if self.cross_attention:
+            q = self._split_heads(self.q_proj(x))
+            k, _ = self.context_kv(context)
+        else:
+            q, k, _ = (self._split_heads(t) for t in self.qkv_proj(x).split(x.size(-1), dim=-1))
         scores = q @ k.transpose(-2, -1) / self.head_dim**0.5
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
@@ -170,3 +177,20 @@ class MultiHeadAttention(nn.Module):
         )  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.out_proj(y)
+
+
+@contextmanager
+def recorded_attention(attention: MultiHeadAttention) -> Iterator[list[torch.Tensor]]:
+    """While open, each forward of ``attention`` also appends its probabilities (B, nh, T, T_k) to the
+    yielded list. They are computed in a forward hook, inside the enclosing block's forward, so weights
+    that FSDP shards are gathered then, as for the forward itself."""
+    probs: list[torch.Tensor] = []
+
+    def record(module, args, kwargs, output):
+        probs.append(module.attention_probs(args[0], kwargs.get("context"), kwargs.get("mask")))
+
+    handle = attention.register_forward_hook(record, with_kwargs=True)
+    try:
+        yield probs
+    finally:
+        handle.remove()

@@ -9,6 +9,8 @@ positions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -104,19 +106,32 @@ def generate(
     return tokens.clone()
 
 
+def padded_forward(
+    forward: Callable[..., torch.Tensor], sequences: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """``forward(sequences, position_ids=, mask=)`` (a decoder, or its ``hidden_states``) under the
+    padding-aware mask and positions that :func:`generate` uses, left or right padding: a forward of
+    generated sequences (log-probs, values, rewards) sees each token as sampling did."""
+    return forward(
+        sequences,
+        position_ids=padded_position_ids(attention_mask),
+        mask=padded_attention_mask(attention_mask),
+    )
+
+
+def logprobs_of(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """(..., V) logits, (...) token ids -> (...) log-probability of each token, in float32."""
+    return logits.float().log_softmax(dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+
+
 def token_logprobs(
     model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0
 ) -> torch.Tensor:
-    """(B, T - 1) log-probability of each token given the ones before it, under the padding-aware mask
-    and positions that :func:`generate` used (so PPO's recomputed log-probs match its samples).
+    """(B, T - 1) log-probability of each token given the ones before it, under :func:`padded_forward`
+    (so PPO's recomputed log-probs match its samples).
 
     ``temperature`` divides the logits as sampling did; entries at padding positions are meaningless and
     must be masked by the caller.
     """
-    logits = model(
-        sequences,
-        position_ids=padded_position_ids(attention_mask),
-        mask=padded_attention_mask(attention_mask),
-    )  # (B, T, V)
-    logp = (logits[:, :-1].float() / max(temperature, 1e-8)).log_softmax(dim=-1)
-    return logp.gather(-1, sequences[:, 1:, None]).squeeze(-1)
+    logits = padded_forward(model, sequences, attention_mask)  # (B, T, V)
+    return logprobs_of(logits[:, :-1].float() / max(temperature, 1e-8), sequences[:, 1:])

@@ -51,20 +51,14 @@ class ScalarHead(nn.Module):
         return self.proj(hidden).squeeze(-1)
 
 
-class ClassifierHead(nn.Module):
-    """BERT's pooler ``tanh(W h_[CLS])`` -> dropout -> linear to class logits.
+class ClassifierHead(nn.Sequential):
+    """Features (..., d) -> dropout -> linear -> class logits (..., num_classes): on a body's pooled [CLS]
+    (sentence classification) or on every hidden state (token classification).
 
-    ``forward`` takes the hidden states (B, T, d) and reads the first ([CLS]) position.
+    BERT's fine-tuning init: weight N(0, 0.02), zero bias. State-dict names ``1.weight``, ``1.bias``.
     """
 
     def __init__(self, d_model: int, num_classes: int, dropout: float = 0.1):
-        super().__init__()
-        self.pooler = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(d_model, num_classes)
-
-    def pool(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.pooler(hidden[:, 0]))  # (B, d)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.dropout(self.pool(hidden)))  # (B, num_classes)
+        super().__init__(nn.Dropout(dropout), nn.Linear(d_model, num_classes))
+        nn.init.normal_(self[1].weight, std=0.02)
+        nn.init.zeros_(self[1].bias)

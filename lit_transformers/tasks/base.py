@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
@@ -18,8 +19,9 @@ from hydra.utils import get_object
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
-from torchmetrics import Metric
+from torchmetrics import MaxMetric, MinMetric
 
+from lit_transformers.contract import check_data
 from lit_transformers.tasks.optim import decay_groups
 from lit_transformers.text import Tokenizer
 from lit_transformers.utils.checkpoints import read_checkpoint
@@ -99,10 +101,23 @@ def build_from_spec(spec: Mapping, base: type, what: str, *args, **kwargs):
     return target(*args, **{k: v for k, v in spec.items() if not k.startswith("_")}, **kwargs)
 
 
+@contextmanager
+def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
+    """Dropout off inside (for generation, dashboards, predictions); the module's train/eval mode is
+    restored afterwards, also when the body raises."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield module
+    finally:
+        module.train(was_training)
+
+
 class Task(L.LightningModule):
     """Base of every task. Subclasses implement ``build_model()`` (or ``build_models()`` for several named
     models) and the step methods. Models are built in ``configure_model`` so that they can depend on the
-    datamodule (vocabulary, class names) and are built once per rank (FSDP-friendly).
+    datamodule (vocabulary, class names) and are built once per rank (FSDP-friendly). The datamodule comes
+    through :meth:`connect_data` (``train()`` calls it), checked against the protocols in ``data_needs``.
 
     Args (shared by every task; subclasses pass them through ``**task_args``):
         optimizer: ``{_target_: torch.optim.AdamW, lr: ..., ...}``, built over the decay/no-decay groups.
@@ -121,6 +136,9 @@ class Task(L.LightningModule):
     frozen: tuple[str, ...] = ()  # submodules kept fixed: no gradient, not optimised, always in eval mode
     # state-dict prefixes (e.g. "model.mlm_head") of parent heads this task does not build: dropped on init_from
     dropped_heads: tuple[str, ...] = ()
+    data_needs: tuple[type, ...] = ()  # protocols of lit_transformers.contract the datamodule must satisfy
+    # a task meant to start from a parent checkpoint: what to pass, named by the warning when init_from is unset
+    init_from_hint: str | None = None
 
     def __init__(
         self,
@@ -134,7 +152,17 @@ class Task(L.LightningModule):
         super().__init__()
         self.save_hyperparameters(logger=False)  # here, so no subclass can forget it: includes their args
         self.tokenizer = Tokenizer.from_state(tokenizer) if tokenizer else None
+        self.data = None  # the datamodule, set by connect_data
         self._built = False
+
+    # ---- data ----------------------------------------------------------------------------------
+
+    def connect_data(self, datamodule) -> None:
+        """The one way a task receives its datamodule (``train()`` calls it before fit and test): checked
+        against ``data_needs`` now, read when the models are built (after the datamodule's ``setup``). A
+        trainer given a datamodule but no connected task only takes batches from it."""
+        check_data(datamodule, self.data_needs, type(self).__name__)
+        self.data = datamodule
 
     # ---- models --------------------------------------------------------------------------------
 
@@ -148,7 +176,7 @@ class Task(L.LightningModule):
     def attach_tokenizer(self) -> Tokenizer | None:
         """The tokenizer this task uses: the datamodule's when training with one (then recorded in the
         hyperparameters, so checkpoints carry it), else the one its checkpoint carried, else none."""
-        tokenizer = self.datamodule_attr("tokenizer")
+        tokenizer = self.data.tokenizer if self.data is not None else None
         if tokenizer is not None:
             self.tokenizer = tokenizer
             self.hparams.tokenizer = tokenizer.state()
@@ -169,17 +197,21 @@ class Task(L.LightningModule):
     def attach_class_names(self) -> list[str]:
         """The class names of a classification task (its ``class_names`` argument): the datamodule's when
         training (then recorded in the hyperparameters, so checkpoints carry them), else the checkpoint's."""
-        class_names = self.datamodule_attr("class_names")
+        class_names = self.data.class_names if self.data is not None else None
         if class_names:
             self.hparams.class_names = list(class_names)
         if not self.hparams.class_names:
-            raise ValueError("No class names: train with a datamodule, or pass task.class_names")
+            raise ValueError(
+                "No class names: connect a datamodule that has them (task.connect_data(datamodule), as train() "
+                "does), or pass task.class_names"
+            )
         return self.hparams.class_names
 
     def require_tokenizer(self) -> Tokenizer:
         if self.tokenizer is None:
             raise ValueError(
-                "No tokenizer: train with a datamodule that has one, or load a checkpoint of this task"
+                "No tokenizer: connect a datamodule that has one (task.connect_data(datamodule), as train() "
+                "does), or load a checkpoint of this task"
             )
         return self.tokenizer
 
@@ -199,13 +231,13 @@ class Task(L.LightningModule):
             )
         return config
 
-    def datamodule_attr(self, name: str):
-        datamodule = self._trainer.datamodule if self._trainer is not None else None
-        return getattr(datamodule, name, None)
-
     def configure_model(self) -> None:
         if self._built:
             return
+        if not self.hparams.init_from and self.init_from_hint:
+            log.warning(
+                "%s starts from random weights: no init_from (%s)", type(self).__name__, self.init_from_hint
+            )
         models = self.build_models()
         for name, module in models.items():
             setattr(self, name, module)
@@ -293,10 +325,19 @@ class Task(L.LightningModule):
 
     # ---- metrics and files -----------------------------------------------------------------------
 
-    def log_best(self, key: str, tracker: Metric) -> None:
-        """At validation end, feed ``key`` to a Min/MaxMetric and log the best so far as ``<key>_best``."""
-        value = self.trainer.callback_metrics.get(key)
+    def track_best(self, key: str, mode: str) -> None:
+        """Keep the best (``mode``: min or max) validation ``key`` for :meth:`log_best`, in a tracker saved in
+        checkpoints (so the best survives a resume) and named ``<key with _>_best`` in the state dict."""
+        tracker = {"min": MinMetric, "max": MaxMetric}[mode]()
+        tracker.persistent(True)
+        setattr(self, f"{key.replace('/', '_')}_best", tracker)
+
+    def log_best(self, key: str, value: torch.Tensor | None = None) -> None:
+        """At validation end, feed ``value`` (default: ``key`` as the steps logged it) to ``key``'s tracker
+        (:meth:`track_best`) and log the best so far as ``<key>_best``; nothing during the sanity check."""
+        value = self.trainer.callback_metrics.get(key) if value is None else value
         if value is not None and not self.trainer.sanity_checking:
+            tracker = getattr(self, f"{key.replace('/', '_')}_best")
             tracker(value)
             self.log(f"{key}_best", tracker.compute(), sync_dist=True)
 

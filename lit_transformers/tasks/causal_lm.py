@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import torch
-from torchmetrics import MeanMetric, MinMetric
+from torchmetrics import MeanMetric
 
+from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPT, GPTConfig
 from lit_transformers.nn import generate, token_mean
-from lit_transformers.tasks.base import Task, config_spec
+from lit_transformers.tasks.base import Task, config_spec, eval_mode
 from lit_transformers.text import left_pad
 
 
@@ -15,14 +16,15 @@ class CausalLMTask(Task):
     """Args: ``model``, the GPT config spec (``vocab_size: null`` takes the tokenizer's); the rest as in
     :class:`Task`."""
 
+    data_needs = (TokenizedText,)
+
     def __init__(self, model: dict | GPTConfig, **task_args):
         model = config_spec(model)  # before the base records the arguments as hyperparameters
         super().__init__(**task_args)
         # token-weighted means (sum of token losses / token count, over batches and ranks): val/ppl is
         # exactly exp(val/loss), and padded or prompt-masked batches weigh by their real targets
         self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
-        self.val_loss_best = MinMetric()
-        self.val_loss_best.persistent(True)  # saved in checkpoints: the best survives a resume
+        self.track_best("val/loss", "min")
 
     def build_model(self) -> GPT:
         return GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
@@ -59,7 +61,7 @@ class CausalLMTask(Task):
 
     def on_validation_epoch_end(self):
         self.log_ppl("val")
-        self.log_best("val/loss", self.val_loss_best)
+        self.log_best("val/loss")
 
     def on_test_epoch_end(self):
         self.log_ppl("test")
@@ -84,19 +86,17 @@ class CausalLMTask(Task):
         ids, valid = left_pad([[tok.bos_id, *tok.encode(p)] for p in prompts], tok.pad_id, device=self.device)
         max_new_tokens = min(max_new_tokens, self.model.config.block_size - ids.size(1))
         generator = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
-        was_training = self.model.training
-        self.model.eval()
-        out = generate(
-            self.model,
-            ids,
-            valid,
-            max_new_tokens,
-            temperature,
-            top_k,
-            top_p,
-            eos_id=tok.eos_id,
-            pad_id=tok.pad_id,
-            generator=generator,
-        )
-        self.model.train(was_training)
+        with eval_mode(self.model):
+            out = generate(
+                self.model,
+                ids,
+                valid,
+                max_new_tokens,
+                temperature,
+                top_k,
+                top_p,
+                eos_id=tok.eos_id,
+                pad_id=tok.pad_id,
+                generator=generator,
+            )
         return [tok.decode(row[ids.size(1) :].tolist()) for row in out]

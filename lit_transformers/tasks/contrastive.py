@@ -7,6 +7,7 @@ import math
 import torch
 from torchmetrics.functional.classification import multiclass_accuracy
 
+from lit_transformers.contract import RetrievalTargets
 from lit_transformers.models.clip import CLIP, CLIPConfig
 from lit_transformers.nn import ClipLoss
 from lit_transformers.tasks.base import Task, config_spec
@@ -20,6 +21,8 @@ class ContrastiveTask(Task):
     ``max_logit_scale``: logit_scale is clamped to [0, this] after every step (temperature between 1/100
     and 1, as open_clip); ``local_loss``/``gather_with_grad``: see ``nn.ClipLoss``; ``recall_ks``: retrieval
     recall@k reported in both directions; the rest as in :class:`Task`."""
+
+    data_needs = (RetrievalTargets,)
 
     def __init__(
         self,
@@ -105,9 +108,9 @@ class ContrastiveTask(Task):
         rows = (
             self.all_gather(torch.cat(self._eval.pop(stage))).flatten(0, -2) if stage in self._eval else None
         )
-        if rows is None or self._trainer.datamodule is None:
+        if rows is None or self.data is None:
             return
-        datamodule = self._trainer.datamodule
+        datamodule = self.data
         # DistributedSampler repeats a few images to even out ranks; limit_*_batches may skip some
         index, inverse = torch.unique(rows[:, -2].long(), return_inverse=True)  # the N distinct images seen
         pick = torch.zeros_like(index).scatter_(0, inverse, torch.arange(len(rows), device=rows.device))

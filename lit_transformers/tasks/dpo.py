@@ -4,18 +4,16 @@ directly, against a frozen reference, without a reward model or sampling during 
 from __future__ import annotations
 
 import copy
-import logging
 from collections.abc import Mapping
 
 import torch
 
+from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPT, GPTConfig
 from lit_transformers.nn import token_logprobs
 from lit_transformers.nn.rlhf import dpo_loss
 from lit_transformers.tasks.base import Task, config_spec
-from lit_transformers.tasks.instruct import PolicyEvaluation
-
-log = logging.getLogger(__name__)
+from lit_transformers.tasks.instruct import PolicyEvaluation, eval_metrics
 
 
 class DPOTask(PolicyEvaluation, Task):
@@ -31,6 +29,8 @@ class DPOTask(PolicyEvaluation, Task):
     """
 
     frozen = ("reference",)
+    data_needs = (TokenizedText,)
+    init_from_hint = "pass the SFT checkpoint"
 
     def __init__(
         self,
@@ -44,17 +44,12 @@ class DPOTask(PolicyEvaluation, Task):
     ):
         model = config_spec(model)
         super().__init__(**task_args)
-        self.eval_metrics = self.make_eval_metrics()
+        self.eval_metrics = eval_metrics(self.EVAL_KEYS)
         self.reference_cache: dict[tuple[str, int], torch.Tensor] = {}  # (split, index) -> (chosen, rejected)
 
     def build_models(self) -> dict:
         policy = GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
         return {"policy": policy, "reference": copy.deepcopy(policy)}  # equal also without init_from
-
-    def configure_model(self) -> None:
-        if not self._built and not self.hparams.init_from:
-            log.warning("DPO starts from random weights: no init_from (pass the SFT checkpoint)")
-        super().configure_model()
 
     def _load_init_from(self, init_from: str | Mapping) -> None:
         if isinstance(init_from, str):

@@ -7,6 +7,7 @@ import zlib
 
 import torch
 
+from lit_transformers.contract import TokenizedText
 from lit_transformers.models import BERT, BERTConfig
 from lit_transformers.tasks.base import Task, config_spec
 
@@ -18,6 +19,7 @@ class EncoderTask(Task):
     the rest as in :class:`Task`."""
 
     pretraining_heads = False  # MaskedLMTask builds the MLM and NSP heads; fine-tuning tasks the body alone
+    data_needs = (TokenizedText,)
     # a fine-tuning task initialised from a pretraining checkpoint leaves its heads behind
     dropped_heads = ("model.mlm_head", "model.nsp_head")
 
@@ -43,13 +45,6 @@ class EncoderTask(Task):
     def encode(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, T, d) hidden states of a batch with ``input_ids``, ``attention_mask``, ``token_type_ids``."""
         return self.model(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
-
-    def log_best_of(self, key: str, value: torch.Tensor, tracker) -> None:
-        """Feed a value computed at validation end to a Min/MaxMetric; log the best so far as ``<key>_best``
-        (``Task.log_best`` reads values logged by steps; these are computed in the epoch-end hook)."""
-        if not self.trainer.sanity_checking:
-            tracker(value)
-            self.log(f"{key}_best", tracker.compute())
 
     def generator(self, *key) -> torch.Generator:
         """A random generator on this task's device seeded by ``key`` (plus the rank): draws that are the

@@ -7,9 +7,10 @@ import torch.nn.functional as F
 from timm.loss import SoftTargetCrossEntropy
 from timm.optim import param_groups_layer_decay
 from torch import nn
-from torchmetrics import MaxMetric, MetricCollection
+from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
+from lit_transformers.contract import ClassNames
 from lit_transformers.models.backbone import ImageClassifierConfig, create_backbone
 from lit_transformers.tasks.base import Task, build_config, config_spec
 from lit_transformers.tasks.evaluation import matrix_image
@@ -21,6 +22,8 @@ class ImageClassificationTask(Task):
     ``label_smoothing``; ``layer_decay``: timm layer-wise lr decay; ``per_class_limit``: log per-class test
     accuracy up to this many classes; ``class_names``: taken from the datamodule and kept in checkpoints;
     the rest as in :class:`Task`."""
+
+    data_needs = (ClassNames,)
 
     def __init__(
         self,
@@ -37,8 +40,7 @@ class ImageClassificationTask(Task):
         model = config_spec(model)  # before the base records the arguments as hyperparameters
         super().__init__(**task_args)
         self.soft_target_loss = SoftTargetCrossEntropy()
-        self.val_acc_best = MaxMetric()
-        self.val_acc_best.persistent(True)  # saved in checkpoints: the best survives a resume
+        self.track_best("val/acc", "max")
 
     def build_model(self) -> nn.Module:
         n = len(self.attach_class_names())
@@ -103,7 +105,7 @@ class ImageClassificationTask(Task):
         self._eval_step(batch, self.val_metrics)
 
     def on_validation_epoch_end(self):
-        self.log_best("val/acc", self.val_acc_best)
+        self.log_best("val/acc")
 
     def test_step(self, batch, batch_idx):
         logits, labels = self._eval_step(batch, self.test_metrics)

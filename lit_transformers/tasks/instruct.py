@@ -9,13 +9,8 @@ import torch
 from torch import nn
 from torchmetrics import MeanMetric
 
-from lit_transformers.nn import (
-    generate,
-    padded_attention_mask,
-    padded_position_ids,
-    token_logprobs,
-    truncate_after_eos,
-)
+from lit_transformers.nn import generate, token_logprobs, truncate_after_eos
+from lit_transformers.tasks.base import eval_mode
 from lit_transformers.text import Tokenizer
 from lit_transformers.text.instructions import judge
 from lit_transformers.utils.dashboards import log_table
@@ -44,19 +39,17 @@ def rollout(
     is put in eval mode (dropout off) for sampling and restored."""
     P = prompt_ids.size(1)
     max_new_tokens = min(max_new_tokens, model.config.block_size - P)  # the context holds prompt + response
-    was_training = model.training
-    model.eval()
-    out = generate(
-        model,
-        prompt_ids,
-        prompt_mask,
-        max_new_tokens,
-        temperature,
-        eos_id=tokenizer.eos_id,
-        pad_id=tokenizer.pad_id,
-        generator=generator,
-    )
-    model.train(was_training)
+    with eval_mode(model):
+        out = generate(
+            model,
+            prompt_ids,
+            prompt_mask,
+            max_new_tokens,
+            temperature,
+            eos_id=tokenizer.eos_id,
+            pad_id=tokenizer.pad_id,
+            generator=generator,
+        )
     responses, response_mask, has_eos = truncate_after_eos(out[:, P:], tokenizer.eos_id, tokenizer.pad_id)
     return Rollout(
         torch.cat([prompt_ids, responses], dim=1),
@@ -82,47 +75,47 @@ def decode_responses(tokenizer: Tokenizer, responses: torch.Tensor, mask: torch.
     return [tokenizer.decode(row[keep].tolist()) for row, keep in zip(responses, mask)]
 
 
-class JudgeMetrics(nn.Module):
-    """Running means of the judge's exact match and graded score over a stage's generations."""
+def eval_metrics(keys: tuple[str, ...]) -> nn.ModuleDict:
+    """A running mean per validation/test value, named ``<stage>_<key>``."""
+    return nn.ModuleDict({f"{stage}_{key}": MeanMetric() for stage in ("val", "test") for key in keys})
 
-    def __init__(self):
-        super().__init__()
-        self.exact, self.score = MeanMetric(), MeanMetric()
 
-    def update(self, texts: list[str], answers: list[str]) -> list[tuple[float, float]]:
+def log_judged(task, batch, stage: str, batch_idx: int, texts: list[str], values: dict, prog_bar=()) -> None:
+    """The evaluation of a stage's generated ``texts`` for ``batch``: the judge's verdicts against the batch's
+    answers (``judge_exact``, ``judge_score``) join ``values``; each value updates ``task.eval_metrics``
+    and is logged as ``<stage>/<key>``; the first batch of each evaluation shows up to 8 prompts with their
+    responses, answers and scores as a table."""
+    answers = batch.get("answers")
+    if answers is not None:
         verdicts = [judge(text, answer) for text, answer in zip(texts, answers)]
-        device = self.exact.device
-        self.exact.update(torch.tensor([v[0] for v in verdicts], device=device))
-        self.score.update(torch.tensor([v[1] for v in verdicts], device=device))
-        return verdicts
-
-
-def sequence_logits(model: nn.Module, sequences: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, T, V) logits under the padding-aware mask and positions that generation used."""
-    return model(
-        sequences,
-        position_ids=padded_position_ids(attention_mask),
-        mask=padded_attention_mask(attention_mask),
-    )
+        values["judge_exact"] = torch.tensor([v[0] for v in verdicts], device=task.device)
+        values["judge_score"] = torch.tensor([v[1] for v in verdicts], device=task.device)
+    for key, value in values.items():
+        metric = task.eval_metrics[f"{stage}_{key}"]
+        metric.update(value)
+        task.log(f"{stage}/{key}", metric, on_epoch=True, prog_bar=key in prog_bar)
+    if batch_idx or task.trainer.sanity_checking:
+        return
+    tok = task.require_tokenizer()
+    columns = {
+        "prompt": [tok.decode(p[m].tolist()) for p, m in zip(batch["prompt_ids"], batch["prompt_mask"])],
+        "response": texts,
+    }
+    if answers is not None:
+        columns["answer"] = answers
+    for key in ("rm_score", "judge_score"):
+        if key in values:
+            columns[key] = [round(float(v), 3) for v in values[key]]
+    log_table(task.trainer, f"{stage}/samples", list(columns), list(zip(*columns.values()))[:8])
 
 
 class PolicyEvaluation:
     """Validation/test of a policy against its frozen reference on held-out prompts: greedy responses, the
     judge (``judge_exact``, ``judge_score``), ``kl`` (summed k1 over response tokens, on ``logits / T``),
     ``rm_score`` when the task has a reward model, ``response_length``, and a sample table at each validation.
-    Mixed into PPO and DPO; they set ``self.eval_metrics`` with :meth:`make_eval_metrics`."""
+    Mixed into PPO and DPO; they set ``self.eval_metrics = eval_metrics(PolicyEvaluation.EVAL_KEYS)``."""
 
     EVAL_KEYS = ("judge_exact", "judge_score", "kl", "rm_score", "response_length")
-
-    @staticmethod
-    def make_eval_metrics() -> nn.ModuleDict:
-        return nn.ModuleDict(
-            {
-                f"{stage}_{key}": MeanMetric()
-                for stage in ("val", "test")
-                for key in PolicyEvaluation.EVAL_KEYS
-            }
-        )
 
     def evaluate_policy(self, batch, stage: str, batch_idx: int) -> None:
         tok = self.require_tokenizer()
@@ -136,19 +129,4 @@ class PolicyEvaluation:
         if reward is not None:
             values["rm_score"] = reward.score(out.sequences, out.attention_mask)
         texts = decode_responses(tok, out.responses, mask)
-        if batch.get("answers") is not None:
-            verdicts = [judge(t, a) for t, a in zip(texts, batch["answers"])]
-            values["judge_exact"] = torch.tensor([v[0] for v in verdicts], device=self.device)
-            values["judge_score"] = torch.tensor([v[1] for v in verdicts], device=self.device)
-        for key, value in values.items():
-            metric = self.eval_metrics[f"{stage}_{key}"]
-            metric.update(value)
-            self.log(f"{stage}/{key}", metric, on_epoch=True, prog_bar=key in ("judge_score", "rm_score"))
-        if batch_idx == 0 and not self.trainer.sanity_checking:
-            prompts = [tok.decode(p[m].tolist()) for p, m in zip(batch["prompt_ids"], batch["prompt_mask"])]
-            columns = ["prompt", "response"] + [k for k in ("rm_score", "judge_score") if k in values]
-            rows = [
-                [p, t] + [round(float(values[k][i]), 3) for k in columns[2:]]
-                for i, (p, t) in enumerate(zip(prompts, texts))
-            ][:8]
-            log_table(self.trainer, f"{stage}/samples", columns, rows)
+        log_judged(self, batch, stage, batch_idx, texts, values, prog_bar=("judge_score", "rm_score"))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torchmetrics import MeanMetric, MinMetric
+from torchmetrics import MeanMetric
 
 from lit_transformers.models import BERT
 from lit_transformers.nn import IGNORE_INDEX, token_cross_entropy, token_mean
+from lit_transformers.tasks.base import eval_mode
 from lit_transformers.tasks.encoder import EncoderTask
 from lit_transformers.tasks.evaluation import labeled_matrix_image
 from lit_transformers.text import mask_tokens, pack_pair, right_pad
@@ -45,8 +46,7 @@ class MaskedLMTask(EncoderTask):
         for stage in ("val", "test"):
             for name in ("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc"):
                 setattr(self, f"{stage}_{name}", MeanMetric())
-        self.val_loss_best = MinMetric()
-        self.val_loss_best.persistent(True)  # saved in checkpoints: the best survives a resume
+        self.track_best("val/loss", "min")
 
     def build_model(self) -> BERT:
         return self.build_bert()
@@ -125,7 +125,7 @@ class MaskedLMTask(EncoderTask):
     def on_validation_epoch_end(self):
         loss = self._log_totals("val")
         if loss is not None:
-            self.log_best_of("val/loss", loss, self.val_loss_best)
+            self.log_best("val/loss", loss)
         if self.hparams.dashboard_sentences and not self.trainer.sanity_checking:
             self.log_predictions(self.hparams.dashboard_sentences)
 
@@ -148,10 +148,8 @@ class MaskedLMTask(EncoderTask):
         _, labels = mask_tokens(ids, eligible, mask_id, tok.vocab_size, generator)
         selected = labels != IGNORE_INDEX
         masked = ids.masked_fill(selected, mask_id)
-        was_training = self.model.training
-        self.model.eval()
-        probs = self.model.mlm_logits(self.model(masked, valid)).softmax(-1)  # (B, T, V)
-        self.model.train(was_training)
+        with eval_mode(self.model):
+            probs = self.model.mlm_logits(self.model(masked, valid)).softmax(-1)  # (B, T, V)
         rows = []
         for b, t in selected.nonzero().tolist():
             top = probs[b, t].topk(k)
@@ -168,8 +166,8 @@ class MaskedLMTask(EncoderTask):
         return rows
 
     def log_predictions(self, sentences: list[str]) -> None:
-        if not self.trainer.is_global_zero:
-            return
+        """The top-5 table and the attention picture of ``sentences``. Every rank runs the forwards (under
+        FSDP each needs them all); the dashboards take rank 0's."""
         rows = self.predict_masked(sentences)
         log_table(
             self.trainer,
@@ -183,10 +181,8 @@ class MaskedLMTask(EncoderTask):
         tok = self.require_tokenizer()
         ids = [tok.special_id("cls"), *tok.encode(sentences[0]), tok.special_id("sep")]
         ids = ids[: self.model.config.max_position]
-        was_training = self.model.training
-        self.model.eval()
-        attention = self.model.attention_map(torch.tensor([ids], device=self.device))[0]  # (T, T)
-        self.model.train(was_training)
+        with eval_mode(self.model):
+            attention = self.model.attention_map(torch.tensor([ids], device=self.device))[0]  # (T, T)
         names = [tok.id_to_token(i) for i in ids]
         image = labeled_matrix_image(attention, names, names, x_title="key", y_title="query")
         log_image(self.trainer, "val/attention_last_layer", image)

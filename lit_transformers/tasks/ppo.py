@@ -15,7 +15,9 @@ from collections.abc import Mapping
 
 import torch
 
+from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPT, GPTConfig, ScalarGPT
+from lit_transformers.nn.generation import logprobs_of, padded_forward
 from lit_transformers.nn.rlhf import (
     AdaptiveKLController,
     clipped_policy_loss,
@@ -29,7 +31,7 @@ from lit_transformers.nn.rlhf import (
     per_token_rewards,
 )
 from lit_transformers.tasks.base import Task, config_spec
-from lit_transformers.tasks.instruct import PolicyEvaluation, response_logprobs, rollout, sequence_logits
+from lit_transformers.tasks.instruct import PolicyEvaluation, eval_metrics, response_logprobs, rollout
 from lit_transformers.tasks.reward import gpt_or_scalar
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,8 @@ class PPOTask(PolicyEvaluation, Task):
     """
 
     frozen = ("reference", "reward")
+    data_needs = (TokenizedText,)
+    init_from_hint = "pass init_from={policy: <sft.ckpt>, reward: <reward.ckpt>}"
 
     def __init__(
         self,
@@ -78,7 +82,7 @@ class PPOTask(PolicyEvaluation, Task):
             raise ValueError(f"task.temperature={temperature}: PPO samples, so it needs a temperature > 0")
         super().__init__(**task_args)
         self.automatic_optimization = False
-        self.eval_metrics = self.make_eval_metrics()
+        self.eval_metrics = eval_metrics(self.EVAL_KEYS)
         self.kl_ctl = AdaptiveKLController(kl_coef, **adaptive_kl) if adaptive_kl else None
         self.kl_coef = kl_coef
 
@@ -110,13 +114,6 @@ class PPOTask(PolicyEvaluation, Task):
         if missing:
             log.warning("PPO %s start(s) from random weights: no init_from for them", ", ".join(missing))
         super()._load_init_from({k: v for k, v in targets.items() if v})
-
-    def configure_model(self) -> None:
-        if not self._built and not self.hparams.init_from:
-            log.warning(
-                "PPO starts from random weights: no init_from={policy: <sft.ckpt>, reward: <reward.ckpt>}"
-            )
-        super().configure_model()
 
     def total_steps(self) -> int:
         if self.trainer.max_steps > 0:
@@ -186,8 +183,8 @@ class PPOTask(PolicyEvaluation, Task):
             for start in range(0, B - mb + 1, mb):
                 idx = order[start : start + mb]
                 seq, attn, mask = exp["sequences"][idx], exp["attention_mask"][idx], exp["mask"][idx]
-                logits = sequence_logits(self.policy, seq, attn)[:, -R - 1 : -1].float() / h.temperature
-                logprobs = logits.log_softmax(-1).gather(-1, seq[:, -R:, None]).squeeze(-1)
+                logits = padded_forward(self.policy, seq, attn)[:, -R - 1 : -1].float() / h.temperature
+                logprobs = logprobs_of(logits, seq[:, -R:])
                 values = self.value(seq, attn)[:, -R - 1 : -1]
                 pg = clipped_policy_loss(
                     logprobs, exp["logprobs"][idx], exp["advantages"][idx], mask, h.clip_range

@@ -3,18 +3,16 @@ Bradley-Terry loss; chosen and rejected go through the model in one forward pass
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 import torch
-from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics import MeanMetric
 
+from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPTConfig, ScalarGPT
 from lit_transformers.nn import bradley_terry_loss
 from lit_transformers.tasks.base import Task, config_spec, model_weights
 from lit_transformers.utils.checkpoints import read_checkpoint
-
-log = logging.getLogger(__name__)
 
 
 def gpt_or_scalar(path: str, trust_checkpoint: bool) -> str:
@@ -30,6 +28,8 @@ class RewardTask(Task):
     ``init_from`` may be a GPT checkpoint (the body; the head starts fresh) or a reward model's."""
 
     new_heads = ("model.head",)
+    data_needs = (TokenizedText,)
+    init_from_hint = "pass the SFT checkpoint"
 
     def __init__(
         self,
@@ -47,16 +47,10 @@ class RewardTask(Task):
                 for name in ("loss", "accuracy", "margin", "reward_mean", "reward_sq")
             }
         )
-        self.val_accuracy_best = MaxMetric()
-        self.val_accuracy_best.persistent(True)
+        self.track_best("val/accuracy", "max")
 
     def build_model(self) -> ScalarGPT:
         return ScalarGPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
-
-    def configure_model(self) -> None:
-        if not self._built and not self.hparams.init_from:
-            log.warning("Reward model starts from random weights: no init_from (pass the SFT checkpoint)")
-        super().configure_model()
 
     def _load_init_from(self, init_from: str | Mapping) -> None:
         if isinstance(init_from, str):
@@ -114,7 +108,7 @@ class RewardTask(Task):
 
     def on_validation_epoch_end(self):
         self._log_std("val")
-        self.log_best("val/accuracy", self.val_accuracy_best)
+        self.log_best("val/accuracy")
 
     def on_test_epoch_end(self):
         self._log_std("test")

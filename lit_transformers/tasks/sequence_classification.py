@@ -5,9 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import MaxMetric, MetricCollection
+from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
+from lit_transformers.contract import ClassNames, TokenizedText
+from lit_transformers.nn import ClassifierHead
+from lit_transformers.tasks.base import eval_mode
 from lit_transformers.tasks.encoder import EncoderTask
 from lit_transformers.tasks.evaluation import labeled_matrix_image
 from lit_transformers.text import pack_pair, right_pad
@@ -22,6 +25,8 @@ class SequenceClassificationTask(EncoderTask):
     Args: ``model``, the BERT config spec; ``class_names``: taken from the datamodule and kept in
     checkpoints; ``classifier_dropout``; the rest as in :class:`EncoderTask`."""
 
+    data_needs = (TokenizedText, ClassNames)
+
     def __init__(
         self,
         model: dict,
@@ -30,8 +35,7 @@ class SequenceClassificationTask(EncoderTask):
         **task_args,
     ):
         super().__init__(model, **task_args)
-        self.val_acc_best = MaxMetric()
-        self.val_acc_best.persistent(True)  # saved in checkpoints: the best survives a resume
+        self.track_best("val/acc", "max")
 
     def build_models(self) -> dict[str, nn.Module]:
         n = len(self.attach_class_names())
@@ -43,12 +47,10 @@ class SequenceClassificationTask(EncoderTask):
         self.test_metrics = self.val_metrics.clone(prefix="test/")
         self.test_confusion = MulticlassConfusionMatrix(n)
         bert = self.build_bert()
-        classifier = nn.Sequential(
-            nn.Dropout(self.hparams.classifier_dropout), nn.Linear(bert.config.d_model, n)
-        )
-        nn.init.normal_(classifier[1].weight, std=0.02)
-        nn.init.zeros_(classifier[1].bias)
-        return {"model": bert, "classifier": classifier}
+        return {
+            "model": bert,
+            "classifier": ClassifierHead(bert.config.d_model, n, self.hparams.classifier_dropout),
+        }
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, n_classes) logits."""
@@ -76,7 +78,7 @@ class SequenceClassificationTask(EncoderTask):
         self._eval_step(batch, self.val_metrics)
 
     def on_validation_epoch_end(self):
-        self.log_best("val/acc", self.val_acc_best)
+        self.log_best("val/acc")
 
     def test_step(self, batch, batch_idx):
         self.test_confusion.update(self._eval_step(batch, self.test_metrics), batch["labels"])
@@ -102,8 +104,6 @@ class SequenceClassificationTask(EncoderTask):
         ]
         ids, valid = right_pad([p[0] for p in packed], tok.pad_id, device=self.device)
         types, _ = right_pad([p[1] for p in packed], 0, device=self.device)
-        was_training = self.training
-        self.eval()
-        logits = self({"input_ids": ids, "attention_mask": valid, "token_type_ids": types})
-        self.train(was_training)
+        with eval_mode(self):
+            logits = self({"input_ids": ids, "attention_mask": valid, "token_type_ids": types})
         return [self.hparams.class_names[i] for i in logits.argmax(-1).tolist()]

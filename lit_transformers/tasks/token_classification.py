@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import MaxMetric, MeanMetric, SumMetric
+from torchmetrics import MeanMetric, SumMetric
 
-from lit_transformers.nn import IGNORE_INDEX
+from lit_transformers.contract import ClassNames, TokenizedText
+from lit_transformers.nn import IGNORE_INDEX, ClassifierHead
 from lit_transformers.tasks.encoder import EncoderTask
 from lit_transformers.tasks.evaluation import entity_counts
 
@@ -22,6 +23,8 @@ class TokenClassificationTask(EncoderTask):
     Args: ``model``, the BERT config spec; ``class_names``: the tags, from the datamodule, kept in
     checkpoints; ``classifier_dropout``; the rest as in :class:`EncoderTask`."""
 
+    data_needs = (TokenizedText, ClassNames)
+
     def __init__(
         self,
         model: dict,
@@ -34,18 +37,15 @@ class TokenClassificationTask(EncoderTask):
             setattr(self, f"{stage}_acc", MeanMetric())
             for count in ("tp", "predicted", "true"):
                 setattr(self, f"{stage}_{count}", SumMetric())
-        self.val_entity_f1_best = MaxMetric()
-        self.val_entity_f1_best.persistent(True)
+        self.track_best("val/entity_f1", "max")
 
     def build_models(self) -> dict[str, nn.Module]:
         n = len(self.attach_class_names())
         bert = self.build_bert()
-        classifier = nn.Sequential(
-            nn.Dropout(self.hparams.classifier_dropout), nn.Linear(bert.config.d_model, n)
-        )
-        nn.init.normal_(classifier[1].weight, std=0.02)
-        nn.init.zeros_(classifier[1].bias)
-        return {"model": bert, "classifier": classifier}
+        return {
+            "model": bert,
+            "classifier": ClassifierHead(bert.config.d_model, n, self.hparams.classifier_dropout),
+        }
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, T, n_classes) logits."""
@@ -97,7 +97,7 @@ class TokenClassificationTask(EncoderTask):
     def on_validation_epoch_end(self):
         f1 = self._log_entities("val")
         if f1 is not None:
-            self.log_best_of("val/entity_f1", f1, self.val_entity_f1_best)
+            self.log_best("val/entity_f1", f1)
 
     def test_step(self, batch, batch_idx):
         self._eval_step(batch, "test")

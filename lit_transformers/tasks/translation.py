@@ -7,11 +7,13 @@ import dataclasses
 import logging
 
 import torch
-from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics import MeanMetric
 
+from lit_transformers.contract import ParallelText
 from lit_transformers.models import Seq2SeqConfig, Seq2SeqTransformer
 from lit_transformers.nn import token_mean
-from lit_transformers.tasks.base import Task, config_spec
+from lit_transformers.nn.attention import recorded_attention
+from lit_transformers.tasks.base import Task, config_spec, eval_mode
 from lit_transformers.tasks.evaluation import CorpusScore, labeled_matrix_image
 from lit_transformers.text import Tokenizer, right_pad
 from lit_transformers.utils.dashboards import log_image, log_table
@@ -32,6 +34,8 @@ class TranslationTask(Task):
     cross-entropy (so ``ppl`` = exp(loss) is a perplexity). With ``test_beam_size`` > 1 the test also logs
     greedy scores (``test/bleu_greedy``), and always the identity baseline (hypothesis = source).
     """
+
+    data_needs = (ParallelText,)
 
     def __init__(
         self,
@@ -61,8 +65,7 @@ class TranslationTask(Task):
                 for kind in ("bleu", "chrf")
             }
         )
-        self.val_bleu_best = MaxMetric()
-        self.val_bleu_best.persistent(True)  # saved in checkpoints: the best survives a resume
+        self.track_best("val/bleu", "max")
         self._signature_logged = False  # once per run, at its first fit or test
 
     def build_model(self) -> Seq2SeqTransformer:
@@ -89,8 +92,8 @@ class TranslationTask(Task):
     def attach_source_tokenizer(self) -> Tokenizer | None:
         """The source side's own tokenizer (None with one joint vocabulary): the datamodule's when training
         (then recorded in the hyperparameters, so checkpoints carry it), else the checkpoint's."""
-        source, target = self.datamodule_attr("source_tokenizer"), self.datamodule_attr("tokenizer")
-        if source is not None and source is not target:
+        source = self.data.source_tokenizer if self.data is not None else None
+        if source is not None and source is not self.data.tokenizer:
             self.source_tokenizer = source
             self.hparams.source_tokenizer = source.state()
         return self.source_tokenizer
@@ -103,7 +106,8 @@ class TranslationTask(Task):
     def forward(self, src_ids: torch.Tensor, tgt_ids: torch.Tensor, src_valid: torch.Tensor) -> torch.Tensor:
         return self.model(src_ids, tgt_ids, src_valid)
 
-    def _loss(self, batch: dict, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self, batch: dict, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed token loss, token count) of a batch, the pair CausalLMTask._step returns."""
         return self.model(
             batch["src_ids"],
             batch["tgt_ids"],
@@ -113,7 +117,7 @@ class TranslationTask(Task):
         )
 
     def training_step(self, batch, batch_idx):
-        total, count = self._loss(batch, self.hparams.label_smoothing)
+        total, count = self._step(batch, self.hparams.label_smoothing)
         loss = token_mean(total, count)
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         real = batch["src_valid"].sum() + batch["tgt_valid"].sum()
@@ -137,14 +141,12 @@ class TranslationTask(Task):
         encoded = self.encode_sources(sentences)
         order = sorted((i for i, s in enumerate(sentences) if s.strip()), key=lambda i: len(encoded[i]))
         translations = [""] * len(sentences)
-        was_training = self.model.training
-        self.model.eval()
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
-            src_ids, src_valid = right_pad([encoded[i] for i in rows], tok.pad_id, device=self.device)
-            for i, text in zip(rows, self.translate(src_ids, src_valid, beam_size)):
-                translations[i] = text
-        self.model.train(was_training)
+        with eval_mode(self.model):
+            for start in range(0, len(order), batch_size):
+                rows = order[start : start + batch_size]
+                src_ids, src_valid = right_pad([encoded[i] for i in rows], tok.pad_id, device=self.device)
+                for i, text in zip(rows, self.translate(src_ids, src_valid, beam_size)):
+                    translations[i] = text
         return translations
 
     def _score(self, stage: str, hypotheses: list[str], references: list[str]) -> None:
@@ -152,7 +154,7 @@ class TranslationTask(Task):
         self.scores[f"{stage}_chrf"].update(hypotheses, references)
 
     def _eval_step(self, batch: dict, stage: str, mean: MeanMetric, beam_size: int) -> None:
-        total, count = self._loss(batch, 0.0)
+        total, count = self._step(batch, 0.0)
         mean.update(token_mean(total, count), weight=count)
         self.log(f"{stage}/loss", mean, on_epoch=True, prog_bar=stage == "val")
         references = batch["tgt_text"]
@@ -211,10 +213,7 @@ class TranslationTask(Task):
 
     def on_validation_epoch_end(self):
         self._log_scores("val")
-        bleu = self.trainer.callback_metrics.get("val/bleu")
-        if bleu is not None and not self.trainer.sanity_checking:
-            self.val_bleu_best(bleu)
-            self.log("val/bleu_best", self.val_bleu_best.compute())
+        self.log_best("val/bleu")
         self.log_examples()
 
     def on_test_epoch_end(self):
@@ -225,10 +224,11 @@ class TranslationTask(Task):
     def log_examples(self) -> None:
         """A few fixed validation sentences with their reference and greedy hypothesis as a table, and the
         cross-attention of the first one as a picture (target tokens x source tokens, last decoder layer,
-        averaged over heads)."""
+        averaged over heads). Every rank runs the forwards (under FSDP each needs them all); the dashboards
+        take rank 0's."""
         n = self.hparams.num_examples
-        examples = getattr(self._trainer.datamodule, "fixed_examples", lambda n: [])(n) if n else []
-        if not examples or self.trainer.sanity_checking or not self.trainer.is_global_zero:
+        examples = self.data.fixed_examples(n) if n and self.data is not None else []
+        if not examples or self.trainer.sanity_checking:
             return
         hypotheses = self.translate_texts([source for source, _ in examples])
         log_table(
@@ -258,18 +258,6 @@ def cross_attention_map(
 ) -> torch.Tensor:
     """(T, S) cross-attention probabilities of the last decoder layer, averaged over heads, for one source
     (1, S) and target prefix (1, T) (teacher-forced)."""
-    attention = model.decoder[-1].cross_attn
-    seen = {}
-
-    def keep_inputs(module, args, kwargs, output):
-        seen["probs"] = module.attention_probs(args[0], kwargs["context"], kwargs.get("mask"))
-
-    handle = attention.register_forward_hook(keep_inputs, with_kwargs=True)
-    was_training = model.training
-    try:
-        model.eval()
+    with eval_mode(model), recorded_attention(model.decoder[-1].cross_attn) as probs:
         model(src_ids, tgt_ids)
-    finally:
-        handle.remove()
-        model.train(was_training)
-    return seen["probs"][0].mean(dim=0)
+    return probs[0][0].mean(dim=0)
