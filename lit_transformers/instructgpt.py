@@ -5,7 +5,7 @@ stage a normal ``train.py`` run in its own subdirectory, each stage's best check
 them (with the right answer and a corrupted one), and every pair of different verdicts becomes a TRL preference
 record (``prompt``/``chosen``/``rejected``) in ``<run>/label/comparisons.jsonl``, which the reward model and DPO
 train on. Pairs made only from synthetic corruptions teach a reward model the corruptions, not the policy's own
-mistakes, and PPO then has nothing true to climb (README, InstructGPT results).
+mistakes, and PPO then has nothing true to climb (docs/instructgpt.md).
 
     lit-instructgpt                                         # the whole chain (= python -m lit_transformers.instructgpt)
     lit-instructgpt 'stages=[pretrain,sft,label,reward,ppo,dpo]'
