@@ -7,12 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
+from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+from lightning.pytorch.strategies import SingleDeviceStrategy
 from omegaconf import OmegaConf
 
 from lit_transformers.tasks import CausalLMTask
 from lit_transformers.text import Tokenizer
 from lit_transformers.train import train
+from lit_transformers.utils.checkpoint_io import AtomicCheckpointIO
 from lit_transformers.utils.config import ConfigError, check_required, check_types, instantiate_group
 
 from conftest import EXPERIMENTS, LM_EXPERIMENTS, REPO, TINY_LM, run_cli, train_cli
@@ -248,13 +252,39 @@ def test_multirun_gives_each_job_its_own_config_and_wandb_run(tmp_path):
     assert groups == {f"train-{jobs[0].parent.name}"}  # one dashboard group for the multirun
 
 
+# one task of a one-node SLURM job: what SLURMEnvironment reads when the Trainer is built
+SLURM_ONE_TASK = {"SLURM_NTASKS": "1", "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+
+
 @pytest.mark.parametrize("trainer", ["default", "cpu", "gpu", "ddp", "ddp_cpu", "fsdp", "slurm"])
-def test_every_trainer_config_builds_its_strategy(compose_cfg, trainer):
-    cfg = compose_cfg(f"trainer={trainer}")
-    strategy = cfg.trainer.get("strategy")
-    if strategy is not None:  # GPU trainers cannot start here, but their strategy objects must build
-        built = instantiate(strategy)
-        if trainer == "fsdp":  # one FSDP unit per Transformer block
-            assert "TransformerBlock" in repr(built.kwargs["auto_wrap_policy"])
-    if cfg.trainer.accelerator in ("auto", "cpu"):
-        instantiate(cfg.trainer)
+def test_every_trainer_config_builds_the_trainer_it_asks_for(compose_cfg, trainer, monkeypatch):
+    """Precision, strategy, process-group backend, atomic checkpoints and the SLURM environment reach the Trainer.
+    A GPU config is built on the GPUs there are, or on one CPU device where there are none; FSDP, which Lightning
+    refuses on CPUs, then builds its strategy alone."""
+    asked = compose_cfg(f"trainer={trainer}").trainer
+    strategy = asked.get("strategy")
+    if trainer == "fsdp":  # one FSDP unit per Transformer block
+        assert "TransformerBlock" in repr(instantiate(strategy).kwargs["auto_wrap_policy"])
+    gpus, wants_gpu = torch.cuda.device_count(), asked.accelerator == "gpu"
+    if wants_gpu and not gpus:
+        if trainer == "fsdp":
+            return
+        fit = {"accelerator": "cpu", "devices": 1}
+    else:
+        fit = {"devices": gpus} if wants_gpu and asked.devices > gpus else {}
+    for key, value in SLURM_ONE_TASK.items() if trainer == "slurm" else ():
+        monkeypatch.setenv(key, value)
+    built = instantiate(asked, **fit)
+    on_gpu = gpus and asked.accelerator in ("gpu", "auto")
+    assert isinstance(built.accelerator, CUDAAccelerator if on_gpu else CPUAccelerator)
+    assert built.num_devices == fit.get("devices", gpus if asked.devices == -1 else asked.devices)
+    assert built.precision == asked.precision
+    assert isinstance(built.strategy.checkpoint_io, AtomicCheckpointIO)
+    if strategy is None:
+        assert isinstance(built.strategy, SingleDeviceStrategy)
+    else:
+        assert isinstance(built.strategy, get_class(strategy._target_))
+        assert built.strategy._process_group_backend == strategy.get("process_group_backend")
+    if trainer == "slurm":
+        environment = built.strategy.cluster_environment
+        assert isinstance(environment, SLURMEnvironment) and environment.auto_requeue
