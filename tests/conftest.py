@@ -13,7 +13,10 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lit_transformers.train import train
+
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
 EXPERIMENTS = sorted(p.stem for p in (REPO / "lit_transformers" / "conf" / "experiment").glob("*.yaml"))
 # InstructGPT stages run their fast_dev_run at tiny sizes in tests/test_instructgpt.py
 INSTRUCT_EXPERIMENTS = ["gpt_sft", "gpt_reward", "gpt_ppo", "gpt_dpo"]
@@ -80,8 +83,10 @@ def compose_cfg(tmp_path, cache_dir):
 
 
 def run_cli(*args: str, cwd: Path | str = REPO, env: dict | None = None, timeout: int = 300):
-    """Run the real command line (a fresh process, as a user would) and capture its output."""
+    """Run the real command line (a fresh process, as a user would) and capture its output. tests/ is importable
+    there, so a config can name a test's callback (``+callbacks.x._target_=test_resume.SeedByRank``)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), full_env.get("PYTHONPATH")) if p)
     full_env.pop("LIT_TRANSFORMERS_RESOLVED_CONFIG", None)
     return subprocess.run(
         [*args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False
@@ -90,3 +95,37 @@ def run_cli(*args: str, cwd: Path | str = REPO, env: dict | None = None, timeout
 
 def train_cli(*overrides: str, **kwargs):
     return run_cli(sys.executable, str(REPO / "train.py"), *overrides, **kwargs)
+
+
+@pytest.fixture
+def ddp_cli(tmp_path, cache_dir):
+    """ddp_cli(*overrides, run_dir=tmp_path/"ddp") -> run_dir: train.py on two CPU processes (trainer=ddp_cpu) with
+    the session's tokenizer cache, its run folder run_dir under paths.log_dir=tmp_path; the test fails, showing the
+    end of stderr, unless the run succeeds. Mark such tests ``ddp`` and ``cli``."""
+
+    def _run(*overrides: str, run_dir: Path | None = None, timeout: int = 300) -> Path:
+        run_dir = run_dir or tmp_path / "ddp"
+        result = train_cli(
+            *overrides,
+            "trainer=ddp_cpu",
+            f"hydra.run.dir={run_dir}",
+            f"paths.log_dir={tmp_path}",
+            f"paths.cache_dir={cache_dir}",
+            timeout=timeout,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return run_dir
+
+    return _run
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_run(tmp_path_factory, cache_dir) -> Path:
+    """The run folder of one tiny GPT training (TINY_LM, no test or sample), as train.py leaves it: checkpoints
+    (last.ckpt at step 4), csv/ and config_resolved.yaml. Shared by the session: read it, never change it."""
+    run_dir = tmp_path_factory.mktemp("tiny_lm_run")
+    cfg = compose_train_cfg(*TINY_LM, "test=false", "sample=null", output_dir=run_dir, cache_dir=cache_dir)
+    OmegaConf.save(cfg, run_dir / "config_resolved.yaml")  # as resolve_once leaves it in the run
+    train(cfg)
+    GlobalHydra.instance().clear()
+    return run_dir

@@ -1,5 +1,5 @@
-"""Metrics that mean what they say: evaluation counts every sample once under DDP, and tokens/s times training
-only."""
+"""Metrics that mean what they say: evaluation counts every sample once under DDP (logged to every dashboard, in
+one run folder), and tokens/s times training only."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from pathlib import Path
 
 import lightning as L
 import pytest
+import torch
+from omegaconf import OmegaConf
 
 from lit_transformers.callbacks.throughput import TokensPerSecond
 from lit_transformers.train import train
 
-from conftest import TINY_LM, train_cli
+from conftest import TINY_LM
 
 
 def _rows(run_dir: Path) -> list[dict[str, str]]:
@@ -72,16 +74,18 @@ def test_tokens_per_s_counts_training_time_only(compose_cfg, tmp_path):
     assert rates == {step: tokens / 1.0 for step in range(1, 7)}
 
 
-def test_ddp_evaluation_counts_every_window_once(compose_cfg, tmp_path, cache_dir):
+@pytest.mark.cli
+@pytest.mark.ddp
+def test_ddp_run_counts_every_window_once_and_logs_to_every_dashboard_in_one_run_folder(
+    compose_cfg, ddp_cli, tiny_lm_run, tmp_path
+):
     """2 ranks give the val and test loss of 1 process on the same weights: no window is repeated to even out
-    the ranks (here, where the split has an odd number of windows, a repeat would move val/loss by 7.5e-6)."""
-    cfg = compose_cfg(*TINY_LM, "test=false", "sample=null")
-    cfg.callbacks.model_checkpoint.dirpath = str(tmp_path / "parent")
-    train(cfg)
+    the ranks (here, where the split has an odd number of windows, a repeat would move val/loss by 7.5e-6). Both
+    ranks write into the one run folder, where CSV, TensorBoard and wandb each log."""
     # lr 0 and no weight decay: one step leaves the parent's weights as they are; then validate and test them all
     evaluate = [
         *TINY_LM,
-        f"init_from={tmp_path / 'parent' / 'last.ckpt'}",
+        f"init_from={tiny_lm_run / 'checkpoints' / 'last.ckpt'}",
         "task.optimizer.lr=0",
         "task.optimizer.weight_decay=0",
         "trainer.max_steps=1",
@@ -97,15 +101,15 @@ def test_ddp_evaluation_counts_every_window_once(compose_cfg, tmp_path, cache_di
     one.callbacks.model_checkpoint.dirpath = str(tmp_path / "one" / "checkpoints")
     one.logger.csv.save_dir = str(tmp_path / "one")
     train(one)
-    two = tmp_path / "two"
-    result = train_cli(
-        *evaluate,
-        "trainer=ddp_cpu",
-        f"hydra.run.dir={two}",
-        f"paths.log_dir={tmp_path}",
-        f"paths.cache_dir={cache_dir}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    single, ddp = _rows(tmp_path / "one"), _rows(two)
+    run_dir = ddp_cli(*evaluate, "logger=many")
+    single, ddp = _rows(tmp_path / "one"), _rows(run_dir)
     for key in ("val/loss", "val/ppl", "test/loss", "test/ppl"):
         assert _last(ddp, key) == pytest.approx(_last(single, key), rel=2e-6), key
+
+    assert (run_dir / "train_ddp_process_1.log").is_file()  # rank 1 wrote into the same run folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp", "one"]  # no second run folder
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((run_dir / "wandb").glob("offline-run-*"))
+    resolved = OmegaConf.load(run_dir / "config_resolved.yaml")
+    assert resolved.trainer.devices == 2 and "${" not in OmegaConf.to_yaml(resolved)
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 1
