@@ -71,6 +71,7 @@ def _stop_after_steps(process: subprocess.Popen, csv_dir: Path, signum: int, ste
         process.kill()
 
 
+@pytest.mark.cli
 def test_ctrl_c_and_sigterm_stop_at_a_step_boundary_and_the_printed_command_resumes(tmp_path, cache_dir):
     run_dir, logs = tmp_path / "run", tmp_path / "log"
     last, metrics = run_dir / "checkpoints" / "last.ckpt", run_dir / "csv" / "metrics.csv"
@@ -97,6 +98,8 @@ def test_ctrl_c_and_sigterm_stop_at_a_step_boundary_and_the_printed_command_resu
 
 
 @pytest.mark.slow
+@pytest.mark.cli
+@pytest.mark.ddp
 def test_sigterm_to_rank_zero_stops_both_ddp_ranks_at_the_same_step(tmp_path, cache_dir):
     run_dir, logs = tmp_path / "run", tmp_path / "log"
     process = _start(run_dir, cache_dir, "trainer=ddp_cpu", "data.batch_size=4", logs=logs)
@@ -155,6 +158,7 @@ def _earlier_run(run_dir: Path) -> dict[str, bytes]:
     return _snapshot(run_dir)
 
 
+@pytest.mark.cli
 def test_a_new_run_into_a_used_run_folder_is_refused_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
     before = _earlier_run(run_dir)
