@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lit_transformers.train import train
+from lit_transformers.utils.errors import USER_ERRORS
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
@@ -95,6 +96,27 @@ def run_cli(*args: str, cwd: Path | str = REPO, env: dict | None = None, timeout
 
 def train_cli(*overrides: str, **kwargs):
     return run_cli(sys.executable, str(REPO / "train.py"), *overrides, **kwargs)
+
+
+def assert_short_error(result, *needles: str, max_lines: int = 20) -> None:
+    """A command that exited 1 with a message of under ``max_lines`` lines naming every needle, no traceback."""
+    output = result.stderr + result.stdout
+    assert result.returncode == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    for needle in needles:
+        assert needle in output, (needle, output[-3000:])
+    assert len(output.strip().splitlines()) < max_lines, output
+
+
+def assert_user_error(run, *needles: str) -> None:
+    """``run()`` raises an error that the command line reports as one paragraph (utils.errors.report_user_errors,
+    checked through a real command line by assert_short_error), naming every needle."""
+    with pytest.raises(USER_ERRORS) as error:
+        run()
+    message = str(error.value)
+    for needle in needles:
+        assert needle in message, (needle, message)
+    assert len(message.splitlines()) < 20, message
 
 
 @pytest.fixture
