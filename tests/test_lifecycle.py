@@ -178,27 +178,22 @@ def test_a_sweep_into_a_used_sweep_folder_is_refused(tmp_path, capsys):
     assert exit.value.code == 1 and "hydra.sweep.dir=" in capsys.readouterr().err
 
 
-def test_a_step_limited_run_validates_its_last_step_and_says_where_everything_went(tmp_path, cache_dir):
+def test_a_step_limited_run_validates_its_last_step_and_says_where_everything_went(
+    compose_cfg, tmp_path, capsys, caplog
+):
     # 3 steps, validation every 100: without the final validation there is no best checkpoint and no val/loss
-    run_dir = tmp_path / "run"
     overrides = [o for o in TINY_LM if o != "callbacks.progress_bar=null"]
-    result = train_cli(
-        *overrides,
-        "trainer.max_steps=3",
-        "trainer.val_check_interval=100",
-        "optimized_metric=val/loss",
-        f"hydra.run.dir={run_dir}",
-        f"paths.cache_dir={cache_dir}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    best = run_dir / "checkpoints" / "step_000003.ckpt"
+    with caplog.at_level(logging.WARNING):
+        train(compose_cfg(*overrides, "trainer.max_steps=3", "trainer.val_check_interval=100"))
+    best = tmp_path / "checkpoints" / "step_000003.ckpt"
     assert best.is_file()
-    assert "No checkpoint to test" not in result.stderr + result.stdout
-    assert re.search(r"step\s+━+ 3/3", result.stdout)  # the bar counts steps, not "Epoch 0/-2"
-    assert f"Run folder:      {run_dir}" in result.stdout
-    assert re.search(rf"Best checkpoint: {re.escape(str(best))} \(val/loss \d", result.stdout)
-    assert f"Last checkpoint: {run_dir / 'checkpoints' / 'last.ckpt'}" in result.stdout
-    assert f"Metrics:         {run_dir / 'csv' / 'metrics.csv'}" in result.stdout
+    assert "No checkpoint to test" not in caplog.text
+    out = capsys.readouterr().out
+    assert re.search(r"step\s+━+ 3/3", out)  # the bar counts steps, not "Epoch 0/-2"
+    assert f"Run folder:      {tmp_path}" in out
+    assert re.search(rf"Best checkpoint: {re.escape(str(best))} \(val/loss \d", out)
+    assert f"Last checkpoint: {tmp_path / 'checkpoints' / 'last.ckpt'}" in out
+    assert f"Metrics:         {tmp_path / 'csv' / 'metrics.csv'}" in out
 
 
 @pytest.mark.parametrize(
