@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lit_transformers.train import train
+from lit_transformers.utils.config import RESOLVED_CONFIG_ENV
 from lit_transformers.utils.errors import USER_ERRORS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,14 +84,20 @@ def compose_cfg(tmp_path, cache_dir):
     GlobalHydra.instance().clear()
 
 
-def run_cli(*args: str, cwd: Path | str = REPO, env: dict | None = None, timeout: int = 300):
-    """Run the real command line (a fresh process, as a user would) and capture its output. tests/ is importable
-    there, so a config can name a test's callback (``+callbacks.x._target_=test_resume.SeedByRank``)."""
+def cli_env(env: dict | None = None) -> dict:
+    """The environment of a fresh command line: this one's plus ``env``, unbuffered, with no config inherited
+    from a run in this process, and tests/ importable, so a config can name a test's callback
+    (``+callbacks.x._target_=test_resume.SeedByRank``)."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), full_env.get("PYTHONPATH")) if p)
-    full_env.pop("LIT_TRANSFORMERS_RESOLVED_CONFIG", None)
+    full_env.pop(RESOLVED_CONFIG_ENV, None)
+    return full_env
+
+
+def run_cli(*args: str, cwd: Path | str = REPO, env: dict | None = None, timeout: int = 300):
+    """Run the real command line (a fresh process, as a user would) and capture its output."""
     return subprocess.run(
-        [*args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False
+        [*args], cwd=cwd, env=cli_env(env), capture_output=True, text=True, timeout=timeout, check=False
     )
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import logging
-import os
 import re
 import shlex
 import signal
@@ -25,7 +24,7 @@ from lit_transformers.train import train
 from lit_transformers.utils.checkpoint_io import AtomicCheckpointIO
 from lit_transformers.utils.run_folder import RunFolderGuard
 
-from conftest import REPO, TINY_LM, train_cli
+from conftest import REPO, TINY_LM, cli_env, train_cli
 
 # long enough never to finish on its own; each logged row reaches metrics.csv at once, so the test can see steps
 ENDLESS = [
@@ -42,8 +41,6 @@ def _train_steps(metrics_csv: Path) -> list[int]:
 
 
 def _start(run_dir: Path, cache_dir: Path, *overrides: str, logs: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("LIT_TRANSFORMERS_RESOLVED_CONFIG", None)
     command = [
         sys.executable,
         str(REPO / "train.py"),
@@ -53,7 +50,7 @@ def _start(run_dir: Path, cache_dir: Path, *overrides: str, logs: Path) -> subpr
     ]
     # files, not pipes: a full pipe would block the run while the test waits for it
     with open(logs.with_suffix(".out"), "w") as out, open(logs.with_suffix(".err"), "w") as err:
-        return subprocess.Popen([*command, *overrides], cwd=REPO, env=env, stdout=out, stderr=err)
+        return subprocess.Popen([*command, *overrides], cwd=REPO, env=cli_env(), stdout=out, stderr=err)
 
 
 def _stop_after_steps(process: subprocess.Popen, csv_dir: Path, signum: int, steps: int = 2) -> int:

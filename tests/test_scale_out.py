@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import os
 import socket
 import subprocess
 import sys
@@ -21,9 +20,8 @@ from lit_transformers.utils.run_folder import (
     requeued_checkpoint,
 )
 
-from conftest import REPO, TINY_LM, train_cli
+from conftest import REPO, TINY_LM, cli_env, train_cli
 
-TESTS = Path(__file__).parent
 # a validation and a checkpoint at step 2 and 4, nothing after training
 RUN = [*TINY_LM, "test=false", "sample=null"]
 
@@ -72,7 +70,7 @@ def test_two_torchrun_nodes_share_one_run_folder_and_train_as_one_node(tmp_path,
                 "+callbacks.print_environment._target_=test_scale_out.PrintClusterEnvironment",
             ],
             cwd=REPO,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])},
+            env=cli_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
