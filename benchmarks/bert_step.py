@@ -6,9 +6,8 @@ same weights, on the same masked batches, alternating in one process.
 
 Both compute the same loss (MLM cross-entropy over the selected 15% + NSP cross-entropy) with exact GELU and
 the same fused AdamW. Ours projects only the selected positions to the vocabulary; HF's
-``BertForPreTraining`` projects every position and ignores the unselected ones in the loss. Rounds rotate
-the order; a round in which other processes used more than ``--busy`` of the CPU is discarded and counted
-(this machine is shared). Prints tokens/s (median over kept rounds) and the ours/HF ratio.
+``BertForPreTraining`` projects every position and ignores the unselected ones in the loss. The two are
+timed in rounds (``timing.quiet_rounds``: rotating order, busy rounds discarded and counted). Prints tokens/s (median over kept rounds) and the ours/HF ratio.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ import statistics
 
 import torch
 import torch.nn.functional as F
-from gpt_step import quiet_rounds
+from timing import add_round_args, kept_note, quiet_rounds, ratio_spread
 
 from lit_transformers.models import BERT
 from lit_transformers.nn import IGNORE_INDEX
@@ -34,9 +33,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per model per round")
-    p.add_argument("--rounds", type=int, default=5, help="kept rounds")
-    p.add_argument("--max-rounds", type=int, default=40, help="give up after this many rounds (busy machine)")
-    p.add_argument("--busy", type=float, default=0.05, help="discard a round when others used this CPU share")
+    add_round_args(p, rounds=5, max_rounds=40)
     return p.parse_args()
 
 
@@ -129,25 +126,22 @@ def main() -> None:
 
     tokens = args.steps * args.batch_size * args.seq_len
     run_all = {name: (lambda step=step: [step(*batch) for batch in data]) for name, step in steps.items()}
-    seconds, busy = quiet_rounds(run_all, args.rounds, args.max_rounds, args.busy)
+    seconds, busy = quiet_rounds(run_all, args)
     rates = {name: [tokens / t for t in times] for name, times in seconds.items()}
 
     print(
         f"BERT MLM+NSP training step, fp32, {torch.get_num_threads()} threads: n_layer={args.n_layer} "
         f"d_model={args.d_model} n_head={args.n_head} vocab={args.vocab_size}, batch {args.batch_size} x {args.seq_len}"
     )
+    print(kept_note(seconds, busy))
     if not rates["ours"]:
-        print(
-            f"every one of {busy} rounds ran while the machine was busy (--busy {args.busy}); nothing measured"
-        )
         return
-    print(f"kept {len(rates['ours'])} rounds, discarded {busy} busy ones")
-    ratios = [o / h for o, h in zip(rates["ours"], rates["hf"])]
     for name, values in rates.items():
         print(
             f"  {name:<5} median {statistics.median(values):8.0f} tok/s  (min {min(values):.0f}, max {max(values):.0f})"
         )
-    print(f"  ours/HF: {statistics.median(ratios):.3f}x  (per round {min(ratios):.2f}-{max(ratios):.2f})")
+    ratio, low, high = ratio_spread(rates["ours"], rates["hf"])
+    print(f"  ours/HF: {ratio:.3f}x  (per round {low:.2f}-{high:.2f})")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Greedy generation speed: KV-cached vs uncached, vs ``transformers`` ``generate()`` on the same weights.
 
     python benchmarks/generate.py                      # 6 layers, d_model 384, 256 new tokens, batch 1
-    python benchmarks/generate.py --batch-size 4 --repeats 5
+    python benchmarks/generate.py --batch-size 4 --rounds 5
 
-Prints tokens/s per method (median over alternating repeats), the median ours/HF ratio, checks that
+Prints tokens/s per method (median over rounds: ``timing.quiet_rounds``, rotating order, busy rounds discarded
+and counted), the median per-round ours/HF ratio, checks that
 our tokens equal HF's, and the time of one cached decode step at several sequence lengths (flat with
 the cache) next to one uncached step (a full forward pass, which grows with the length).
 """
@@ -12,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from timing import add_round_args, kept_note, quiet_rounds, ratio_spread, seconds_of
 
 from lit_transformers.models import GPT
 from lit_transformers.nn import generate
@@ -34,7 +35,7 @@ def parse_args() -> argparse.Namespace:
         help="new tokens for the (slow, quadratic) uncached run",
     )
     p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=5)
+    add_round_args(p, 5, 20, "--repeats")
     p.add_argument(
         "--lengths",
         type=int,
@@ -43,12 +44,6 @@ def parse_args() -> argparse.Namespace:
         help="sequence lengths for the per-token table",
     )
     return p.parse_args()
-
-
-def clock(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 @torch.no_grad()
@@ -64,10 +59,10 @@ def per_token_ms(model: GPT, length: int, cached: bool, n: int = 5) -> float:
         for _ in range(n):
             for c in caches:
                 c.self_attn.length = length  # rewind: decode the same next token again
-            times.append(clock(lambda: model(ids[:, length:], caches=caches)))
+            times.append(seconds_of(lambda: model(ids[:, length:], caches=caches)))
     else:
         for _ in range(n):
-            times.append(clock(lambda: model(ids)))
+            times.append(seconds_of(lambda: model(ids)))
     return 1e3 * statistics.median(times)
 
 
@@ -100,32 +95,28 @@ def main() -> None:
         same = torch.equal(run_ours(), run_hf())  # also the warm-up
         run_ours(cache=False, n=2)
     methods = {
-        "ours (KV cache)": (run_ours, args.new_tokens),
-        "hf generate()": (run_hf, args.new_tokens),
-        "ours (no cache)": (
-            lambda: run_ours(cache=False, n=args.uncached_new_tokens),
-            args.uncached_new_tokens,
-        ),
+        "ours (KV cache)": run_ours,
+        "hf generate()": run_hf,
+        "ours (no cache)": lambda: run_ours(cache=False, n=args.uncached_new_tokens),
     }
-    rates = {name: [] for name in methods}
+    new_tokens = {name: args.new_tokens for name in methods} | {"ours (no cache)": args.uncached_new_tokens}
     with torch.no_grad():
-        for r in range(args.repeats):
-            names = list(methods) if r % 2 == 0 else list(reversed(methods))
-            for name in names:
-                fn, n = methods[name]
-                rates[name].append(args.batch_size * n / clock(fn))
+        seconds, busy = quiet_rounds(methods, args)
+    rates = {name: [args.batch_size * new_tokens[name] / t for t in times] for name, times in seconds.items()}
 
     print(
         f"\nGreedy generation (fp32, {torch.get_num_threads()} threads): n_layer={args.n_layer} "
-        f"d_model={args.d_model} vocab={args.vocab_size} batch={args.batch_size} prompt={args.prompt_len} "
-        f"repeats={args.repeats}"
+        f"d_model={args.d_model} vocab={args.vocab_size} batch={args.batch_size} prompt={args.prompt_len}"
     )
+    print(kept_note(seconds, busy))
+    if not rates["ours (KV cache)"]:
+        return
     print(f"{'method':<18}{'new tokens':>12}{'median tok/s':>14}")
-    for name, (_, n) in methods.items():
+    for name, n in new_tokens.items():
         print(f"{name:<18}{n:>12}{statistics.median(rates[name]):>14.1f}")
-    ratio_hf = [o / h for o, h in zip(rates["ours (KV cache)"], rates["hf generate()"])]
     print(f"tokens identical to HF greedy: {'yes' if same else 'NO'}")
-    print(f"ours cached / hf generate(): {statistics.median(ratio_hf):.3f}x  (target >= 1.2x)")
+    ratio_hf = ratio_spread(rates["ours (KV cache)"], rates["hf generate()"])[0]
+    print(f"ours cached / hf generate(): {ratio_hf:.3f}x  (target >= 1.2x)")
     print(
         f"ours cached / ours uncached: "
         f"{statistics.median(rates['ours (KV cache)']) / statistics.median(rates['ours (no cache)']):.1f}x "

@@ -16,24 +16,21 @@ computing the mean next-token loss its own way:
     python benchmarks/gpt_step.py --batch-sizes 8 --block-sizes 256 --rounds 1 --profile 15   # where time goes
 
 Every model steps the same AdamW (fused where torch supports it, our default; ``--no-fused`` for the
-for-each path). Rounds rotate the order of the models; a round in which other processes used the CPU (from
-``/proc/stat``) is discarded and counted, since this machine is shared. Prints tokens/s (median over kept
-rounds), model FLOPs utilisation against a large-matmul rate measured in the same run, and ours/peer ratios
-per round (median, min, max): the models of one round run back to back, so the machine's drift between
-rounds, which moves every model's tokens/s by several percent, cancels in them.
+for-each path). The models are timed in rounds (``timing.quiet_rounds``: rotating order, busy rounds discarded
+and counted). Prints tokens/s (median over kept rounds), model FLOPs utilisation against a large-matmul rate
+measured in the same run, and ours/peer ratios per round (median, min, max), in which the machine's drift
+between rounds cancels.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import time
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from nanogpt import NanoGPT
+from timing import add_round_args, kept_note, quiet_rounds, ratio_spread
 
 from lit_transformers.callbacks.throughput import matmul_flops
 from lit_transformers.nn import token_mean
@@ -52,8 +49,7 @@ def parse_args() -> argparse.Namespace:
         "--no-fused-loss", action="store_true", help="ours: logits, then F.cross_entropy (as the peers)"
     )
     p.add_argument("--steps", type=int, default=2, help="timed optimizer steps per model per round")
-    p.add_argument("--rounds", type=int, default=5, help="kept rounds per configuration")
-    p.add_argument("--max-rounds", type=int, default=40, help="give up after this many rounds (busy machine)")
+    add_round_args(p, rounds=5, max_rounds=40)  # per configuration
     p.add_argument(
         "--profile",
         type=int,
@@ -61,47 +57,7 @@ def parse_args() -> argparse.Namespace:
         metavar="N",
         help="then print the N ops of each step taking most CPU time",
     )
-    p.add_argument("--busy", type=float, default=0.05, help="discard a round when others used this CPU share")
     return p.parse_args()
-
-
-def cpu_jiffies() -> tuple[int, int]:
-    """(non-idle jiffies of the whole machine, jiffies of this process) so far."""
-    with open("/proc/stat") as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    machine = sum(fields) - fields[3] - fields[4]  # minus idle and iowait
-    with open("/proc/self/stat") as f:
-        own = f.read().rsplit(")", 1)[1].split()
-    return machine, int(own[11]) + int(own[12])  # utime + stime (all threads)
-
-
-def quiet_rounds(
-    methods: dict[str, Callable[[], object]], rounds: int, max_rounds: int, busy: float
-) -> tuple[dict[str, list[float]], int]:
-    """Seconds of each method in up to ``rounds`` kept rounds, and how many rounds were discarded.
-
-    Rounds rotate which method runs first; a round in which other processes used more than ``busy`` of the
-    machine's CPU time (from ``/proc/stat``) is discarded, since this machine is shared.
-    """
-    names, seconds, discarded = list(methods), {name: [] for name in methods}, 0
-    for r in range(max_rounds):
-        if len(seconds[names[0]]) == rounds:
-            break
-        order = names[r % len(names) :] + names[: r % len(names)]
-        machine0, own0 = cpu_jiffies()
-        times = {}
-        for name in order:
-            t0 = time.perf_counter()
-            methods[name]()
-            times[name] = time.perf_counter() - t0
-        machine1, own1 = cpu_jiffies()
-        others = (machine1 - machine0) - (own1 - own0)  # jiffies (1/100 s) used by other processes
-        if others / 100 > busy * sum(times.values()) * os.cpu_count():
-            discarded += 1
-            continue
-        for name, t in times.items():
-            seconds[name].append(t)
-    return seconds, discarded
 
 
 def fused_head_loss(model, x, y):
@@ -159,7 +115,7 @@ def measure(args, batch_size: int, block_size: int, peak: float) -> None:
 
     tokens = args.steps * batch_size * block_size
     run_all = {name: (lambda step=step: [step(x, y) for x, y in batches]) for name, step in steps.items()}
-    seconds, busy = quiet_rounds(run_all, args.rounds, args.max_rounds, args.busy)
+    seconds, busy = quiet_rounds(run_all, args)
     rates = {name: [tokens / t for t in times] for name, times in seconds.items()}
 
     n_params = ours.num_params(non_embedding=True)
@@ -168,19 +124,19 @@ def measure(args, batch_size: int, block_size: int, peak: float) -> None:
         f"\nbatch {batch_size} x context {block_size}  ({n_params / 1e6:.2f}M params, {flops / 1e6:.1f} MFLOP/token)"
     )
     if not rates["ours"]:
-        print(f"  every one of {busy} rounds ran while the machine was busy; nothing measured")
+        print(f"  {kept_note(seconds, busy)}")
         return
     print(
-        f"  kept {len(rates['ours'])} rounds, discarded {busy} busy ones; first-batch loss "
+        f"  {kept_note(seconds, busy)}; first-batch loss "
         + ", ".join(f"{name} {loss:.6f}" for name, loss in first.items())
     )
     print(f"  {'model':<9}{'median tok/s':>13}{'min':>9}{'max':>9}{'MFU':>8}{'ours/model per round':>23}")
     for name, values in rates.items():
         med = statistics.median(values)
-        ratios = [o / v for o, v in zip(rates["ours"], values)]
+        ratio, low, high = ratio_spread(rates["ours"], values)
         print(
             f"  {name:<9}{med:>13.0f}{min(values):>9.0f}{max(values):>9.0f}{med * flops / peak:>8.1%}"
-            f"{statistics.median(ratios):>11.3f}x ({min(ratios):.3f}-{max(ratios):.3f})"
+            f"{ratio:>11.3f}x ({low:.3f}-{high:.3f})"
         )
     for name, step in steps.items() if args.profile else ():
         print_profile(name, step, batches, args.profile)

@@ -1,9 +1,10 @@
 """PPO rollout speed with and without the KV cache, and where a PPO iteration's time goes.
 
     python benchmarks/ppo_rollout.py                       # GPT-nano (4 x 128), 32 prompts, 32 new tokens
-    python benchmarks/ppo_rollout.py --batch-size 64 --new-tokens 48 --iterations 5
+    python benchmarks/ppo_rollout.py --batch-size 64 --new-tokens 48 --iterations 5 --rounds 3
 
-Prints sampled tokens/s with the cache and without it (median over alternating repeats), then the median
+Prints sampled tokens/s with the cache and without it (median over rounds: ``timing.quiet_rounds``, rotating
+order, busy rounds discarded and counted), then the median
 time of one PPO iteration (``PPOTask.training_step`` inside a Lightning Trainer) split into rollout
 (sampling), scoring (policy/reference log-probs, values, reward) and update (num_ppo_epochs x minibatches).
 Random weights: speed does not depend on what the model learned; EOS is never emitted, so every row
@@ -19,6 +20,7 @@ from functools import partial
 
 import lightning as L
 import torch
+from timing import add_round_args, kept_note, quiet_rounds
 from torch.utils.data import DataLoader
 
 import lit_transformers.tasks.ppo as ppo_module
@@ -36,7 +38,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=3)
+    add_round_args(p, 3, 12, "--repeats")
     p.add_argument("--iterations", type=int, default=3, help="PPO iterations timed (after one warm-up)")
     p.add_argument("--ppo-epochs", type=int, default=4)
     return p.parse_args()
@@ -74,15 +76,17 @@ def main() -> None:
     ids, mask = left_pad(prompts, tokenizer.pad_id)
 
     # ---- rollout tokens/s, cached vs uncached --------------------------------------------------------------
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(args.repeats):
-        for cached in (True, False):
-            t0 = time.perf_counter()
-            out = generate(policy, ids, mask, args.new_tokens, 0.7, use_cache=cached, eos_id=None)
-            times[cached].append(time.perf_counter() - t0)
-    n_tokens = args.batch_size * (out.size(1) - ids.size(1))
-    cached, uncached = (n_tokens / statistics.median(times[c]) for c in (True, False))
+    def sample(cached: bool) -> int:
+        out = generate(policy, ids, mask, args.new_tokens, 0.7, use_cache=cached, eos_id=None)
+        return args.batch_size * (out.size(1) - ids.size(1))
+
+    n_tokens = sample(True)  # also the warm-up
+    seconds, busy = quiet_rounds({"cached": lambda: sample(True), "uncached": lambda: sample(False)}, args)
     print(f"rollout, batch {args.batch_size}, {args.new_tokens} new tokens after {args.prompt_len}:")
+    print(f"  {kept_note(seconds, busy)}")
+    if not seconds["cached"]:
+        return
+    cached, uncached = (n_tokens / statistics.median(seconds[c]) for c in ("cached", "uncached"))
     print(
         f"  KV cache    {cached:9.1f} tok/s\n  no cache    {uncached:9.1f} tok/s\n  ratio       {cached / uncached:9.2f}x"
     )

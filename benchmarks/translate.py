@@ -12,8 +12,8 @@ same number of tokens. Both beam searches rank finished hypotheses with a length
 one: ours is GNMT's ((5 + |Y|) / 6)^alpha, Marian's generate() divides by |Y|^length_penalty; without EOS every
 hypothesis has the limit's length, so neither changes the work done.
 
-Rounds rotate the order of the methods; a round in which other processes used the CPU (from ``/proc/stat``) is
-discarded and counted, since this machine is shared. Prints sentences/s per method (median over kept rounds)
+The methods are timed in rounds (``timing.quiet_rounds``: rotating order, busy rounds discarded and counted).
+Prints sentences/s per method (median over kept rounds)
 and the median per-round ratios ours/Marian and cached/uncached.
 """
 
@@ -23,7 +23,7 @@ import argparse
 import statistics
 
 import torch
-from gpt_step import quiet_rounds
+from timing import add_round_args, kept_note, quiet_rounds, ratio_spread
 
 from lit_transformers.models import Seq2SeqTransformer
 
@@ -42,9 +42,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty (GNMT's for us, Marian's own)")
     p.add_argument("--max-extra", type=int, default=0, help="translation limit: source length + this")
-    p.add_argument("--rounds", type=int, default=5, help="kept rounds")
-    p.add_argument("--max-rounds", type=int, default=12, help="give up after this many rounds (busy machine)")
-    p.add_argument("--busy", type=float, default=0.05, help="discard a round when others used this CPU share")
+    add_round_args(p, rounds=5, max_rounds=12)
     p.add_argument(
         "--threads",
         type=int,
@@ -128,7 +126,7 @@ def main() -> None:
     }
     with torch.inference_mode():
         same = {beam: run_ours(beam) == run_marian(beam) for beam in (1, args.beam)}  # also the warm-up
-        seconds, busy = quiet_rounds(methods, args.rounds, args.max_rounds, args.busy)
+        seconds, busy = quiet_rounds(methods, args)
     sentences = len(batches) * args.batch_size
     rates = {name: [sentences / t for t in times] for name, times in seconds.items()}
 
@@ -137,16 +135,15 @@ def main() -> None:
         f"layers={args.layers}+{args.layers} heads={args.heads} d_ff={args.d_ff} vocab={args.vocab_size} "
         f"batch={args.batch_size} source lengths 10-30, limit source length + {args.max_extra}, alpha={args.alpha}"
     )
+    print(kept_note(seconds, busy))
     if not rates["ours greedy"]:
-        print(f"every one of {busy} rounds ran while the machine was busy; nothing measured (see --busy)")
         return
-    print(f"kept {len(rates['ours greedy'])} rounds, discarded {busy} busy ones")
     print(f"{'method':<24}{'median sentences/s':>19}")
     for name, values in rates.items():
         print(f"{name:<24}{statistics.median(values):>19.1f}")
 
     def ratio(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(rates[a], rates[b]))
+        return ratio_spread(rates[a], rates[b])[0]
 
     for beam, label in ((1, "greedy"), (args.beam, f"beam-{args.beam}")):
         print(

@@ -4,8 +4,9 @@
     python benchmarks/vit_step.py --steps 200 --batch-size 256 --img-size 224 --patch-size 16   # on a GPU
 
 Both sides do the same work per step: forward, label-smoothed cross-entropy, backward, grad clipping at 1.0,
-AdamW with the same parameter groups, warmup + cosine. Runs alternate (plain, ours, plain, ours, ...) and the
-best of each is compared, so drift in machine load affects both alike. The ratio is printed, never asserted.
+AdamW with the same parameter groups, warmup + cosine. Each run times its steps after its warm-up; runs come
+in rounds (``timing.quiet_rounds``: rotating order, busy rounds discarded and counted) and the best of each is
+compared, so drift in machine load affects both alike. The ratio is printed, never asserted.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 import lightning as L
 import torch
 import torch.nn.functional as F
+from timing import add_round_args, kept_note, quiet_rounds
 from torch.utils.data import DataLoader, TensorDataset
 
 from lit_transformers.models import create_backbone
@@ -136,23 +138,25 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=30, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
-    parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each; the best counts")
+    add_round_args(parser, 3, 12, "--repeats")  # rounds of one run each; the best counts
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--img-size", type=int, default=32)
     parser.add_argument("--patch-size", type=int, default=4)
     parser.add_argument("--depth", type=int, default=6)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
-    times = {"plain": [], "ours": []}
-    for _ in range(args.repeats):
-        times["plain"].append(plain(args))
-        times["ours"].append(ours(args))
+    times, busy = quiet_rounds(
+        {"plain": lambda: plain(args), "ours": lambda: ours(args)}, args, self_timed=True
+    )
+    print(kept_note(times, busy))
+    if not times["plain"]:
+        return
     images = args.steps * args.batch_size
     best = {k: min(v) for k, v in times.items()}
     for name, seconds in best.items():
         print(
             f"{name:>5}: {images / seconds:8.1f} images/s  "
-            f"(best of {args.repeats}: {seconds:.2f}s for {args.steps} steps)"
+            f"(best of {len(times[name])}: {seconds:.2f}s for {args.steps} steps)"
         )
     ratio = best["ours"] / best["plain"]
     print(f"ratio ours/plain step time: {ratio:.3f}  (overhead {100 * (ratio - 1):+.1f}%)")

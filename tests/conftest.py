@@ -13,7 +13,12 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lit_transformers.train import train
+from lit_transformers.utils.config import RESOLVED_CONFIG_ENV
+from lit_transformers.utils.errors import USER_ERRORS
+
 REPO = Path(__file__).resolve().parents[1]
+TESTS = REPO / "tests"
 EXPERIMENTS = sorted(p.stem for p in (REPO / "lit_transformers" / "conf" / "experiment").glob("*.yaml"))
 # InstructGPT stages run their fast_dev_run at tiny sizes in tests/test_instructgpt.py
 INSTRUCT_EXPERIMENTS = ["gpt_sft", "gpt_reward", "gpt_ppo", "gpt_dpo"]
@@ -79,14 +84,77 @@ def compose_cfg(tmp_path, cache_dir):
     GlobalHydra.instance().clear()
 
 
+def cli_env(env: dict | None = None) -> dict:
+    """The environment of a fresh command line: this one's plus ``env``, unbuffered, with no config inherited
+    from a run in this process, and tests/ importable, so a config can name a test's callback
+    (``+callbacks.x._target_=test_resume.SeedByRank``)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), full_env.get("PYTHONPATH")) if p)
+    full_env.pop(RESOLVED_CONFIG_ENV, None)
+    return full_env
+
+
 def run_cli(*args: str, cwd: Path | str = REPO, env: dict | None = None, timeout: int = 300):
     """Run the real command line (a fresh process, as a user would) and capture its output."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    full_env.pop("LIT_TRANSFORMERS_RESOLVED_CONFIG", None)
     return subprocess.run(
-        [*args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False
+        [*args], cwd=cwd, env=cli_env(env), capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
 def train_cli(*overrides: str, **kwargs):
     return run_cli(sys.executable, str(REPO / "train.py"), *overrides, **kwargs)
+
+
+def assert_short_error(result, *needles: str, max_lines: int = 20) -> None:
+    """A command that exited 1 with a message of under ``max_lines`` lines naming every needle, no traceback."""
+    output = result.stderr + result.stdout
+    assert result.returncode == 1, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    for needle in needles:
+        assert needle in output, (needle, output[-3000:])
+    assert len(output.strip().splitlines()) < max_lines, output
+
+
+def assert_user_error(run, *needles: str) -> None:
+    """``run()`` raises an error that the command line reports as one paragraph (utils.errors.report_user_errors,
+    checked through a real command line by assert_short_error), naming every needle."""
+    with pytest.raises(USER_ERRORS) as error:
+        run()
+    message = str(error.value)
+    for needle in needles:
+        assert needle in message, (needle, message)
+    assert len(message.splitlines()) < 20, message
+
+
+@pytest.fixture
+def ddp_cli(tmp_path, cache_dir):
+    """ddp_cli(*overrides, run_dir=tmp_path/"ddp") -> run_dir: train.py on two CPU processes (trainer=ddp_cpu) with
+    the session's tokenizer cache, its run folder run_dir under paths.log_dir=tmp_path; the test fails, showing the
+    end of stderr, unless the run succeeds. Mark such tests ``ddp`` and ``cli``."""
+
+    def _run(*overrides: str, run_dir: Path | None = None, timeout: int = 300) -> Path:
+        run_dir = run_dir or tmp_path / "ddp"
+        result = train_cli(
+            *overrides,
+            "trainer=ddp_cpu",
+            f"hydra.run.dir={run_dir}",
+            f"paths.log_dir={tmp_path}",
+            f"paths.cache_dir={cache_dir}",
+            timeout=timeout,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        return run_dir
+
+    return _run
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_run(tmp_path_factory, cache_dir) -> Path:
+    """The run folder of one tiny GPT training (TINY_LM, no test or sample), as train.py leaves it: checkpoints
+    (last.ckpt at step 4), csv/ and config_resolved.yaml. Shared by the session: read it, never change it."""
+    run_dir = tmp_path_factory.mktemp("tiny_lm_run")
+    cfg = compose_train_cfg(*TINY_LM, "test=false", "sample=null", output_dir=run_dir, cache_dir=cache_dir)
+    OmegaConf.save(cfg, run_dir / "config_resolved.yaml")  # as resolve_once leaves it in the run
+    train(cfg)
+    GlobalHydra.instance().clear()
+    return run_dir

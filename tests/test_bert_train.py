@@ -10,7 +10,7 @@ import torch
 from lit_transformers.tasks import MaskedLMTask
 from lit_transformers.train import train
 
-from conftest import TINY_TRAINER, train_cli
+from conftest import TINY_TRAINER
 
 # a BERT small enough that every stage of a run takes seconds on 2 CPU cores
 TINY_MODEL = [
@@ -95,20 +95,16 @@ def test_tiny_pretraining_logs_every_metric_and_the_dashboards(compose_cfg, tmp_
     assert rows and len(rows[0]["top"]) == 5
 
 
-def test_bert_pretrain_under_ddp_cpu(tmp_path):
-    run_dir = tmp_path / "run"
-    result = train_cli(
+@pytest.mark.cli
+@pytest.mark.ddp
+def test_bert_pretrain_under_ddp_cpu(ddp_cli):
+    run_dir = ddp_cli(
         "experiment=bert_pretrain",
         *TINY_BERT,
-        "trainer=ddp_cpu",
-        f"hydra.run.dir={run_dir}",
-        f"paths.log_dir={tmp_path}",
-        f"paths.cache_dir={tmp_path / 'cache'}",
         "trainer.max_steps=3",
         "trainer.val_check_interval=3",
         "data.batch_size=4",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
     assert (run_dir / "train_ddp_process_1.log").is_file()
     ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 3

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import lightning as L
 import open_clip
@@ -21,9 +18,8 @@ from lit_transformers.data import CaptionDataModule
 from lit_transformers.nn import ClipLoss
 from lit_transformers.tasks.evaluation import recall_at_k, zero_shot_classifier
 
+from conftest import TESTS, run_cli
 from image_helpers import FixedBatches, fixed_caption_batch, run_experiment, tiny_clip_task, write_caption_csv
-
-TESTS = Path(__file__).parent
 
 
 def _features(n: int, dim: int = 16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,18 +73,10 @@ def test_per_rank_losses_over_simulated_ranks_average_to_the_full_batch_loss(loc
             torch.testing.assert_close(g.double(), r.double(), atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.ddp
 def test_ddp_two_ranks_match_one_process_on_the_same_global_batch(tmp_path):
     out = tmp_path / "ddp.pt"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    result = subprocess.run(
-        check=False,
-        args=[sys.executable, str(TESTS / "clip_ddp_worker.py"), str(out)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_cli(sys.executable, str(TESTS / "clip_ddp_worker.py"), str(out), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     ddp = torch.load(out)
     assert ddp["world_size"] == 2

@@ -29,7 +29,7 @@ from lit_transformers.text import left_pad, right_pad
 from lit_transformers.text.instructions import TASKS, corrupt, judge, make_examples
 from lit_transformers.train import train
 
-from conftest import INSTRUCT_EXPERIMENTS, REPO, train_cli
+from conftest import INSTRUCT_EXPERIMENTS, REPO
 
 CONFIG = GPTConfig(vocab_size=40, block_size=24, n_layer=1, n_head=2, d_model=16)
 WORDS = ["ash", "oak", "elm", "fir", "yew", "bay"]
@@ -336,21 +336,13 @@ def test_dpo_computes_each_reference_logprob_once(compose_cfg):
     torch.testing.assert_close(cached, direct)
 
 
-def test_ppo_under_ddp_cpu(tmp_path):
-    result = train_cli(
-        "experiment=gpt_ppo",
-        "trainer=ddp_cpu",
-        *TINY,
-        *TINY_DATA,
-        *TINY_TASK,
-        "trainer.max_steps=4",
-        "test=false",
-        f"paths.log_dir={tmp_path}",
-        f"hydra.run.dir={tmp_path}/run",
-        timeout=240,
+@pytest.mark.cli
+@pytest.mark.ddp
+def test_ppo_under_ddp_cpu(ddp_cli):
+    run_dir = ddp_cli(
+        "experiment=gpt_ppo", *TINY, *TINY_DATA, *TINY_TASK, "trainer.max_steps=4", "test=false", timeout=240
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
 def test_chain_runs_every_stage_feeds_the_next_and_resumes(tmp_path, cache_dir, capsys):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import logging
-import os
 import re
 import shlex
 import signal
@@ -25,7 +24,7 @@ from lit_transformers.train import train
 from lit_transformers.utils.checkpoint_io import AtomicCheckpointIO
 from lit_transformers.utils.run_folder import RunFolderGuard
 
-from conftest import REPO, TINY_LM, train_cli
+from conftest import REPO, TINY_LM, cli_env, train_cli
 
 # long enough never to finish on its own; each logged row reaches metrics.csv at once, so the test can see steps
 ENDLESS = [
@@ -42,8 +41,6 @@ def _train_steps(metrics_csv: Path) -> list[int]:
 
 
 def _start(run_dir: Path, cache_dir: Path, *overrides: str, logs: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("LIT_TRANSFORMERS_RESOLVED_CONFIG", None)
     command = [
         sys.executable,
         str(REPO / "train.py"),
@@ -53,7 +50,7 @@ def _start(run_dir: Path, cache_dir: Path, *overrides: str, logs: Path) -> subpr
     ]
     # files, not pipes: a full pipe would block the run while the test waits for it
     with open(logs.with_suffix(".out"), "w") as out, open(logs.with_suffix(".err"), "w") as err:
-        return subprocess.Popen([*command, *overrides], cwd=REPO, env=env, stdout=out, stderr=err)
+        return subprocess.Popen([*command, *overrides], cwd=REPO, env=cli_env(), stdout=out, stderr=err)
 
 
 def _stop_after_steps(process: subprocess.Popen, csv_dir: Path, signum: int, steps: int = 2) -> int:
@@ -71,6 +68,7 @@ def _stop_after_steps(process: subprocess.Popen, csv_dir: Path, signum: int, ste
         process.kill()
 
 
+@pytest.mark.cli
 def test_ctrl_c_and_sigterm_stop_at_a_step_boundary_and_the_printed_command_resumes(tmp_path, cache_dir):
     run_dir, logs = tmp_path / "run", tmp_path / "log"
     last, metrics = run_dir / "checkpoints" / "last.ckpt", run_dir / "csv" / "metrics.csv"
@@ -97,6 +95,8 @@ def test_ctrl_c_and_sigterm_stop_at_a_step_boundary_and_the_printed_command_resu
 
 
 @pytest.mark.slow
+@pytest.mark.cli
+@pytest.mark.ddp
 def test_sigterm_to_rank_zero_stops_both_ddp_ranks_at_the_same_step(tmp_path, cache_dir):
     run_dir, logs = tmp_path / "run", tmp_path / "log"
     process = _start(run_dir, cache_dir, "trainer=ddp_cpu", "data.batch_size=4", logs=logs)
@@ -155,6 +155,7 @@ def _earlier_run(run_dir: Path) -> dict[str, bytes]:
     return _snapshot(run_dir)
 
 
+@pytest.mark.cli
 def test_a_new_run_into_a_used_run_folder_is_refused_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
     before = _earlier_run(run_dir)
@@ -174,27 +175,22 @@ def test_a_sweep_into_a_used_sweep_folder_is_refused(tmp_path, capsys):
     assert exit.value.code == 1 and "hydra.sweep.dir=" in capsys.readouterr().err
 
 
-def test_a_step_limited_run_validates_its_last_step_and_says_where_everything_went(tmp_path, cache_dir):
+def test_a_step_limited_run_validates_its_last_step_and_says_where_everything_went(
+    compose_cfg, tmp_path, capsys, caplog
+):
     # 3 steps, validation every 100: without the final validation there is no best checkpoint and no val/loss
-    run_dir = tmp_path / "run"
     overrides = [o for o in TINY_LM if o != "callbacks.progress_bar=null"]
-    result = train_cli(
-        *overrides,
-        "trainer.max_steps=3",
-        "trainer.val_check_interval=100",
-        "optimized_metric=val/loss",
-        f"hydra.run.dir={run_dir}",
-        f"paths.cache_dir={cache_dir}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    best = run_dir / "checkpoints" / "step_000003.ckpt"
+    with caplog.at_level(logging.WARNING):
+        train(compose_cfg(*overrides, "trainer.max_steps=3", "trainer.val_check_interval=100"))
+    best = tmp_path / "checkpoints" / "step_000003.ckpt"
     assert best.is_file()
-    assert "No checkpoint to test" not in result.stderr + result.stdout
-    assert re.search(r"step\s+━+ 3/3", result.stdout)  # the bar counts steps, not "Epoch 0/-2"
-    assert f"Run folder:      {run_dir}" in result.stdout
-    assert re.search(rf"Best checkpoint: {re.escape(str(best))} \(val/loss \d", result.stdout)
-    assert f"Last checkpoint: {run_dir / 'checkpoints' / 'last.ckpt'}" in result.stdout
-    assert f"Metrics:         {run_dir / 'csv' / 'metrics.csv'}" in result.stdout
+    assert "No checkpoint to test" not in caplog.text
+    out = capsys.readouterr().out
+    assert re.search(r"step\s+━+ 3/3", out)  # the bar counts steps, not "Epoch 0/-2"
+    assert f"Run folder:      {tmp_path}" in out
+    assert re.search(rf"Best checkpoint: {re.escape(str(best))} \(val/loss \d", out)
+    assert f"Last checkpoint: {tmp_path / 'checkpoints' / 'last.ckpt'}" in out
+    assert f"Metrics:         {tmp_path / 'csv' / 'metrics.csv'}" in out
 
 
 @pytest.mark.parametrize(

@@ -1,18 +1,20 @@
-"""Metrics that mean what they say: evaluation counts every sample once under DDP, and tokens/s times training
-only."""
+"""Metrics that mean what they say: evaluation counts every sample once under DDP (logged to every dashboard, in
+one run folder), and tokens/s times training only."""
 
 from __future__ import annotations
 
 import csv
-import time
 from pathlib import Path
 
 import lightning as L
 import pytest
+import torch
+from omegaconf import OmegaConf
 
+from lit_transformers.callbacks.throughput import TokensPerSecond
 from lit_transformers.train import train
 
-from conftest import TINY_LM, train_cli
+from conftest import TINY_LM
 
 
 def _rows(run_dir: Path) -> list[dict[str, str]]:
@@ -24,55 +26,66 @@ def _last(rows: list[dict[str, str]], key: str) -> float:
     return [float(r[key]) for r in rows if r.get(key)][-1]
 
 
-class SlowValidation(L.Callback):
-    """A validation that lasts over a second; notes when each ran and when each training step ended."""
+class HandClock(L.Callback):
+    """Gives the tokens/s callback a clock that moves only here: 1 s inside each training step, 100 s for each
+    validation batch, 1000 s when validation ends (before the checkpoint is written) and at each epoch's end."""
 
-    validations: list[tuple[float, float]] = []
-    step_ends: dict[int, float] = {}
+    def __init__(self):
+        self.now = 0.0
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.step_ends[batch_idx] = time.perf_counter()
+    def on_fit_start(self, trainer, pl_module):
+        (tokens_per_s,) = [c for c in trainer.callbacks if isinstance(c, TokensPerSecond)]
+        # its hooks run before these, so it has stopped its clock when this one moves it outside training
+        assert trainer.callbacks.index(tokens_per_s) < trainer.callbacks.index(self)
+        tokens_per_s.clock = lambda: self.now
 
-    def on_validation_start(self, trainer, pl_module):
-        self.started = time.perf_counter()
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.now += 1.0
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.now += 100.0
 
     def on_validation_end(self, trainer, pl_module):
-        time.sleep(1.0)
-        self.validations.append((self.started, time.perf_counter()))
+        self.now += 1000.0
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.now += 1000.0
 
 
-def test_tokens_per_s_leaves_out_validation_and_checkpoint_time(compose_cfg, tmp_path):
+def test_tokens_per_s_counts_training_time_only(compose_cfg, tmp_path):
     cfg = compose_cfg(
         *TINY_LM,
-        "+callbacks.slow._target_=test_metrics.SlowValidation",
+        "+callbacks.hand_clock._target_=test_metrics.HandClock",
         "trainer.max_steps=7",
-        "trainer.val_check_interval=4",  # one validation (and checkpoint) mid-run
+        "+trainer.limit_train_batches=3",  # epochs end after steps 3 and 6
+        "trainer.val_check_interval=4",  # one validation (and checkpoint) after step 4
+        "callbacks.model_checkpoint.save_top_k=-1",
         "trainer.num_sanity_val_steps=0",
         "test=false",
         "sample=null",
     )
     train(cfg)
     rows = _rows(tmp_path)
+    assert [int(r["step"]) for r in rows if r.get("val/loss")] == [3, 6]  # mid-run, and after the last step
+    assert (tmp_path / "checkpoints" / "step_000004.ckpt").is_file()
     rates = {int(r["step"]): float(r["train/tokens_per_s"]) for r in rows if r.get("train/tokens_per_s")}
-    assert sorted(rates) == [1, 2, 3, 4, 5, 6]  # every step but the first, which has no start to time from
-    (val_start, val_end), ends = SlowValidation.validations[0], SlowValidation.step_ends
-    assert ends[3] < val_start < val_end < ends[4]
-    # step 4 was timed over less than the time between the ends of steps 3 and 4 minus the validation: both sides
-    # are clock readings of the same run, so a loaded machine slows them alike
+    # every step but the first (no start to time from) ran 1 s of training, whatever happened between steps
     tokens = cfg.data.batch_size * cfg.data.block_size
-    assert tokens / rates[4] < ends[4] - ends[3] - (val_end - val_start) + 0.05, rates
+    assert rates == {step: tokens / 1.0 for step in range(1, 7)}
 
 
-def test_ddp_evaluation_counts_every_window_once(compose_cfg, tmp_path, cache_dir):
+@pytest.mark.cli
+@pytest.mark.ddp
+def test_ddp_run_counts_every_window_once_and_logs_to_every_dashboard_in_one_run_folder(
+    compose_cfg, ddp_cli, tiny_lm_run, tmp_path
+):
     """2 ranks give the val and test loss of 1 process on the same weights: no window is repeated to even out
-    the ranks (here, where the split has an odd number of windows, a repeat would move val/loss by 7.5e-6)."""
-    cfg = compose_cfg(*TINY_LM, "test=false", "sample=null")
-    cfg.callbacks.model_checkpoint.dirpath = str(tmp_path / "parent")
-    train(cfg)
+    the ranks (here, where the split has an odd number of windows, a repeat would move val/loss by 7.5e-6). Both
+    ranks write into the one run folder, where CSV, TensorBoard and wandb each log."""
     # lr 0 and no weight decay: one step leaves the parent's weights as they are; then validate and test them all
     evaluate = [
         *TINY_LM,
-        f"init_from={tmp_path / 'parent' / 'last.ckpt'}",
+        f"init_from={tiny_lm_run / 'checkpoints' / 'last.ckpt'}",
         "task.optimizer.lr=0",
         "task.optimizer.weight_decay=0",
         "trainer.max_steps=1",
@@ -88,15 +101,15 @@ def test_ddp_evaluation_counts_every_window_once(compose_cfg, tmp_path, cache_di
     one.callbacks.model_checkpoint.dirpath = str(tmp_path / "one" / "checkpoints")
     one.logger.csv.save_dir = str(tmp_path / "one")
     train(one)
-    two = tmp_path / "two"
-    result = train_cli(
-        *evaluate,
-        "trainer=ddp_cpu",
-        f"hydra.run.dir={two}",
-        f"paths.log_dir={tmp_path}",
-        f"paths.cache_dir={cache_dir}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    single, ddp = _rows(tmp_path / "one"), _rows(two)
+    run_dir = ddp_cli(*evaluate, "logger=many")
+    single, ddp = _rows(tmp_path / "one"), _rows(run_dir)
     for key in ("val/loss", "val/ppl", "test/loss", "test/ppl"):
         assert _last(ddp, key) == pytest.approx(_last(single, key), rel=2e-6), key
+
+    assert (run_dir / "train_ddp_process_1.log").is_file()  # rank 1 wrote into the same run folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp", "one"]  # no second run folder
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((run_dir / "wandb").glob("offline-run-*"))
+    resolved = OmegaConf.load(run_dir / "config_resolved.yaml")
+    assert resolved.trainer.devices == 2 and "${" not in OmegaConf.to_yaml(resolved)
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 1

@@ -89,21 +89,26 @@ def test_cross_attention_matches_torch(context_dim):
 
 def test_notes_worked_example_two_tokens():
     """Scaled scores (2, 0) -> softmax (0.881, 0.119); v1=(1,0), v2=(0,2) -> z1 = (0.881, 0.238)."""
-    attn = MultiHeadAttention(d_model=2, n_head=1, bias=False).double()
     eye = torch.eye(2, dtype=torch.float64)
+    # K = V = x; Q = 2*sqrt(2) x so that q1.k / sqrt(d_k=2) = (2, 0) for x1=(1,0), x2=(0,2)
+    self_attn = MultiHeadAttention(d_model=2, n_head=1, bias=False).double()
+    # the same projections as cross-attention of x over itself, whose probabilities the module writes out
+    cross_attn = MultiHeadAttention(d_model=2, n_head=1, bias=False, cross_attention=True).double()
     with torch.no_grad():
-        # K = V = x; Q = 2*sqrt(2) x so that q1.k / sqrt(d_k=2) = (2, 0) for x1=(1,0), x2=(0,2)
-        attn.qkv_proj.weight.copy_(torch.cat([2 * math.sqrt(2) * eye, eye, eye]))
-        attn.out_proj.weight.copy_(eye)
+        self_attn.qkv_proj.weight.copy_(torch.cat([2 * math.sqrt(2) * eye, eye, eye]))
+        cross_attn.q_proj.weight.copy_(2 * math.sqrt(2) * eye)
+        cross_attn.kv_proj.weight.copy_(torch.cat([eye, eye]))
+        for attn in (self_attn, cross_attn):
+            attn.out_proj.weight.copy_(eye)
     x = torch.tensor([[[1.0, 0.0], [0.0, 2.0]]], dtype=torch.float64)
-    q = x[0, 0] * 2 * math.sqrt(2)
-    scores = x[0] @ q / math.sqrt(2)
+    probs = cross_attn.attention_probs(x, x)[0, 0, 0]  # (B, nh, T, S) -> the first query's row
+    # the log-probabilities are the scaled scores up to one shared constant
+    scores = probs.log() - probs.log()[-1]
     torch.testing.assert_close(scores, torch.tensor([2.0, 0.0], dtype=torch.float64))
-    torch.testing.assert_close(
-        scores.softmax(-1), torch.tensor([0.881, 0.119], dtype=torch.float64), atol=5e-4, rtol=0
-    )
-    z1 = attn(x)[0, 0]
-    torch.testing.assert_close(z1, torch.tensor([0.881, 0.238], dtype=torch.float64), atol=5e-4, rtol=0)
+    torch.testing.assert_close(probs, torch.tensor([0.881, 0.119], dtype=torch.float64), atol=5e-4, rtol=0)
+    z1 = torch.tensor([0.881, 0.238], dtype=torch.float64)
+    torch.testing.assert_close(self_attn(x)[0, 0], z1, atol=5e-4, rtol=0)
+    torch.testing.assert_close(cross_attn(x, context=x)[0, 0], z1, atol=5e-4, rtol=0)
 
 
 def test_causal_attention_ignores_future_tokens():

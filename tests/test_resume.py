@@ -4,7 +4,6 @@ same dropout masks, same weights), in one process and under DDP."""
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 
 import lightning as L
@@ -13,9 +12,8 @@ import torch
 
 from lit_transformers.train import train
 
-from conftest import TINY_LM, train_cli
+from conftest import TINY_LM
 
-TESTS = Path(__file__).parent
 # dropout on, so that a resumed run matches only if it also draws the same random numbers; a validation and a
 # checkpoint every 2 steps (TINY_LM), all kept, so validation runs between a checkpoint and the steps compared
 EXACT = [
@@ -79,18 +77,11 @@ class SeedByRank(L.Callback):
         torch.manual_seed(trainer.global_rank)
 
 
-def test_resume_is_exact_under_ddp(tmp_path, cache_dir):
-    common = [
-        *EXACT,
-        "trainer=ddp_cpu",
-        "trainer.max_steps=6",
-        "+callbacks.seed_by_rank._target_=test_resume.SeedByRank",
-        f"paths.log_dir={tmp_path}",
-        f"paths.cache_dir={cache_dir}",
-    ]
-    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    step_2 = tmp_path / "straight" / "checkpoints" / "step_000002.ckpt"
-    for run_dir, resume in ((tmp_path / "straight", []), (tmp_path / "resumed", [f"ckpt_path={step_2}"])):
-        result = train_cli(*common, f"hydra.run.dir={run_dir}", *resume, env=env)
-        assert result.returncode == 0, result.stderr[-3000:]
-    _assert_same_training(tmp_path / "straight", tmp_path / "resumed", range(2, 6))
+@pytest.mark.cli
+@pytest.mark.ddp
+def test_resume_is_exact_under_ddp(tmp_path, ddp_cli):
+    common = [*EXACT, "trainer.max_steps=6", "+callbacks.seed_by_rank._target_=test_resume.SeedByRank"]
+    straight = ddp_cli(*common, run_dir=tmp_path / "straight")
+    step_2 = straight / "checkpoints" / "step_000002.ckpt"
+    resumed = ddp_cli(*common, f"ckpt_path={step_2}", run_dir=tmp_path / "resumed")
+    _assert_same_training(straight, resumed, range(2, 6))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import os
 import socket
 import subprocess
 import sys
@@ -21,11 +20,10 @@ from lit_transformers.utils.run_folder import (
     requeued_checkpoint,
 )
 
-from conftest import REPO, TINY_LM, train_cli
+from conftest import REPO, TINY_LM, cli_env, train_cli
 
-TESTS = Path(__file__).parent
-# two ranks, a validation and a checkpoint at step 2 and 4, nothing after training
-DDP_RUN = [*TINY_LM, "trainer=ddp_cpu", "test=false", "sample=null"]
+# a validation and a checkpoint at step 2 and 4, nothing after training
+RUN = [*TINY_LM, "test=false", "sample=null"]
 
 
 class PrintClusterEnvironment(L.Callback):
@@ -54,11 +52,10 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow  # three 2-process runs: ~40 s on 2 cores
-def test_two_torchrun_nodes_share_one_run_folder_and_train_as_one_node(tmp_path, cache_dir):
-    overrides = [*DDP_RUN, f"paths.cache_dir={cache_dir}"]
-    one_node = tmp_path / "one_node"
-    result = train_cli(*overrides, f"hydra.run.dir={one_node}")
-    assert result.returncode == 0, result.stderr[-3000:]
+@pytest.mark.cli
+@pytest.mark.ddp
+def test_two_torchrun_nodes_share_one_run_folder_and_train_as_one_node(tmp_path, cache_dir, ddp_cli):
+    one_node = ddp_cli(*RUN, run_dir=tmp_path / "one_node")
 
     port, job_id = _free_port(), "job-1234"
     nodes = [
@@ -68,11 +65,12 @@ def test_two_torchrun_nodes_share_one_run_folder_and_train_as_one_node(tmp_path,
                 *(f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}"),
                 f"--rdzv-id={job_id}",
                 str(REPO / "train.py"),
-                *(*overrides, "trainer.num_nodes=2", "trainer.devices=1", f"paths.log_dir={tmp_path}"),
+                *(*RUN, "trainer=ddp_cpu", "trainer.num_nodes=2", "trainer.devices=1"),
+                *(f"paths.cache_dir={cache_dir}", f"paths.log_dir={tmp_path}"),
                 "+callbacks.print_environment._target_=test_scale_out.PrintClusterEnvironment",
             ],
             cwd=REPO,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])},
+            env=cli_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -136,6 +134,7 @@ def test_the_trials_of_a_sweep_share_one_wandb_group_and_a_single_run_has_none(c
         assert cfg.logger.wandb.group == "gpt-2026-11-29_21-00-00"
 
 
+@pytest.mark.cli
 def test_optuna_sweep_of_three_trials_reports_the_best_one(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     result = train_cli(
@@ -160,6 +159,7 @@ def test_optuna_sweep_of_three_trials_reports_the_best_one(tmp_path, cache_dir):
 
 
 @pytest.mark.slow  # two runs in parallel subprocesses: ~40 s on 2 cores
+@pytest.mark.cli
 def test_submitit_local_multirun_runs_each_job_in_its_own_folder(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
     result = train_cli(
@@ -195,6 +195,7 @@ def test_a_requeued_slurm_job_resumes_from_the_last_checkpoint_in_its_folder(tmp
 
 
 @pytest.mark.slow  # two runs: ~20 s
+@pytest.mark.cli
 def test_a_requeued_slurm_job_continues_its_run(tmp_path, cache_dir):
     slurm = {
         **SLURM_TASK_2_OF_4,

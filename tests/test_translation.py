@@ -23,7 +23,7 @@ from lit_transformers.tasks.evaluation import CorpusScore
 from lit_transformers.text import MARIAN_SPECIAL_TOKENS, Tokenizer
 from lit_transformers.train import train
 
-from conftest import TINY_TRAINER, compose_train_cfg, train_cli
+from conftest import TINY_TRAINER, compose_train_cfg
 from test_bert_classify import write_mo
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -209,6 +209,7 @@ def test_tiny_run_logs_scores_translations_and_cross_attention(tiny_run):
     assert "tok:13a" in (root / "run" / "csv" / "hparams.yaml").read_text()  # sacreBLEU's signature, once
 
 
+@pytest.mark.cli
 def test_lit_translate_reads_stdin_and_keeps_line_order(tiny_run):
     """stdin lines in, one translation per line out, in order; batched decoding equals one by one."""
     checkpoint = tiny_run[0] / "run" / "checkpoints" / "last.ckpt"
@@ -223,7 +224,9 @@ def test_lit_translate_reads_stdin_and_keeps_line_order(tiny_run):
     assert result.stdout.split("\n")[:-1] == expected and expected[1] == ""
 
 
-def test_bleu_over_two_ranks_equals_one_process(compose_cfg, tiny_run, tmp_path, cache_dir):
+@pytest.mark.cli
+@pytest.mark.ddp
+def test_bleu_over_two_ranks_equals_one_process(compose_cfg, tiny_run, ddp_cli):
     """The test split is an odd number of batches, so the ranks get unequal shares; corpus BLEU/chrF are
     computed from statistics summed over both (a rank-0-only or mean-of-ranks score would differ)."""
     root, _ = tiny_run
@@ -239,15 +242,7 @@ def test_bleu_over_two_ranks_equals_one_process(compose_cfg, tiny_run, tmp_path,
     test_batches = TranslationDataModule(**{k: v for k, v in one.data.items() if k != "_target_"})
     test_batches.setup()
     assert len(test_batches.datasets["test"]) % 2 == 1
-    two = tmp_path / "two"
-    result = train_cli(
-        *evaluate,
-        "trainer=ddp_cpu",
-        f"hydra.run.dir={two}",
-        f"paths.log_dir={tmp_path}",
-        f"paths.cache_dir={cache_dir}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    two = ddp_cli(*evaluate)
     rows = list(csv.DictReader(open(two / "csv" / "metrics.csv")))
     ddp = {k: float(v) for row in rows for k, v in row.items() if v and k.startswith("test/")}
     assert single["test/bleu_identity"] > 0

@@ -44,6 +44,7 @@ class TokensPerSecond(L.Callback):
         self._flops_per_token: int | None = None
         self._last: float | None = None  # end of the previous step, moved later by the pauses since
         self._paused: float | None = None  # when the clock stopped
+        self.clock = time.perf_counter  # seconds; a test swaps in a clock it moves by hand
 
     def on_fit_start(self, trainer, pl_module) -> None:
         flops = getattr(getattr(pl_module, "model", None), "flops_per_token", None)
@@ -65,7 +66,7 @@ class TokensPerSecond(L.Callback):
     # the next training batch restarts it
     def _pause(self) -> None:
         if self._paused is None:
-            self._paused = time.perf_counter()
+            self._paused = self.clock()
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._pause()
@@ -78,11 +79,11 @@ class TokensPerSecond(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self._paused is not None and self._last is not None:
-            self._last += time.perf_counter() - self._paused
+            self._last += self.clock() - self._paused
         self._paused = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         if self._last is not None:
             rate = batch[self.key].numel() * trainer.world_size / (now - self._last)
             pl_module.log("train/tokens_per_s", rate, on_step=True, on_epoch=False)
