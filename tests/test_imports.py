@@ -4,13 +4,12 @@ only the image families need), and the public names still resolve as before."""
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 
 import pytest
 from hydra.utils import get_object
 
-from conftest import REPO
+from conftest import REPO, run_cli
 
 PACKAGES = ["callbacks", "data", "models", "nn", "tasks", "text"]
 IMAGE_STACK = {"timm", "torchvision", "sklearn"}
@@ -35,14 +34,9 @@ print(" ".join(sorted(set(sys.modules) - preloaded)))
 """
 
 
+@pytest.mark.cli
 def test_building_the_default_gpt_run_imports_no_timm_torchvision_or_sklearn():
-    done = subprocess.run(
-        [sys.executable, "-c", BUILD_DEFAULT_RUN],
-        cwd=REPO / "tests",
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    done = run_cli(sys.executable, "-c", BUILD_DEFAULT_RUN, cwd=REPO / "tests")
     assert done.returncode == 0, done.stderr
     loaded, ours = (set(line.split()) for line in done.stdout.splitlines()[-2:])
     assert "lit_transformers.tasks.causal_lm" in ours  # the run was built
