@@ -10,7 +10,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "causal_lm": ["CausalLMTask"],
         "contrastive": ["ContrastiveTask"],
         "dpo": ["DPOTask"],
-        "encoder": ["EncoderTask"],
+        "encoder": ["EncoderClassifierTask", "EncoderTask"],
         "image_classification": ["ImageClassificationTask"],
         "masked_lm": ["MaskedLMTask"],
         "optim": ["decay_groups", "inverse_sqrt", "warmup_cosine", "warmup_linear"],

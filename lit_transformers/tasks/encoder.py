@@ -6,9 +6,11 @@ import dataclasses
 import zlib
 
 import torch
+from torch import nn
 
-from lit_transformers.contract import TokenizedText
+from lit_transformers.contract import ClassNames, TokenizedText
 from lit_transformers.models import BERT, BERTConfig
+from lit_transformers.nn import ClassifierHead
 from lit_transformers.tasks.base import Task, config_spec
 
 
@@ -52,3 +54,26 @@ class EncoderTask(Task):
         rank = self.global_rank if self._trainer is not None else 0
         seed = zlib.crc32(repr((*key, rank)).encode())
         return torch.Generator(device=self.device).manual_seed(seed)
+
+
+class EncoderClassifierTask(EncoderTask):
+    """Base of the BERT fine-tuning classifiers: two named models, ``model``, the BERT body (what ``init_from``
+    / ``init_from_hf`` load), and ``classifier``, dropout + linear over the class names.
+
+    Args: ``model``, the BERT config spec; ``class_names``: taken from the datamodule and kept in
+    checkpoints; ``classifier_dropout``; the rest as in :class:`EncoderTask`."""
+
+    data_needs = (TokenizedText, ClassNames)
+
+    def __init__(
+        self, model: dict, class_names: list[str] | None = None, classifier_dropout: float = 0.1, **task_args
+    ):
+        super().__init__(model, **task_args)
+
+    def build_models(self) -> dict[str, nn.Module]:
+        n = len(self.attach_class_names())
+        bert = self.build_bert()
+        return {
+            "model": bert,
+            "classifier": ClassifierHead(bert.config.d_model, n, self.hparams.classifier_dropout),
+        }

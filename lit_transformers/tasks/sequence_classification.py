@@ -8,37 +8,24 @@ from torch import nn
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassF1Score
 
-from lit_transformers.contract import ClassNames, TokenizedText
-from lit_transformers.nn import ClassifierHead
 from lit_transformers.tasks.base import eval_mode
-from lit_transformers.tasks.encoder import EncoderTask
+from lit_transformers.tasks.encoder import EncoderClassifierTask
 from lit_transformers.tasks.evaluation import labeled_matrix_image
 from lit_transformers.text import pack_pair, right_pad
 from lit_transformers.utils.dashboards import log_image
 
 
-class SequenceClassificationTask(EncoderTask):
-    """Two named models: ``model``, the BERT body (what ``init_from`` / ``init_from_hf`` load), and
-    ``classifier``, the new head on its pooled [CLS]. Metrics: accuracy and macro-F1 (``val/``, ``test/``),
-    and a test confusion matrix with the class names on its axes.
+class SequenceClassificationTask(EncoderClassifierTask):
+    """The classifier on the body's pooled [CLS]. Metrics: accuracy and macro-F1 (``val/``, ``test/``), and a
+    test confusion matrix with the class names on its axes. Args as in :class:`EncoderClassifierTask`."""
 
-    Args: ``model``, the BERT config spec; ``class_names``: taken from the datamodule and kept in
-    checkpoints; ``classifier_dropout``; the rest as in :class:`EncoderTask`."""
-
-    data_needs = (TokenizedText, ClassNames)
-
-    def __init__(
-        self,
-        model: dict,
-        class_names: list[str] | None = None,
-        classifier_dropout: float = 0.1,
-        **task_args,
-    ):
+    def __init__(self, model: dict, **task_args):
         super().__init__(model, **task_args)
         self.track_best("val/acc", "max")
 
     def build_models(self) -> dict[str, nn.Module]:
-        n = len(self.attach_class_names())
+        models = super().build_models()
+        n = len(self.hparams.class_names)
         metrics = {
             "acc": MulticlassAccuracy(n, average="micro"),  # share of examples right
             "f1_macro": MulticlassF1Score(n, average="macro"),  # every class counts the same
@@ -46,11 +33,7 @@ class SequenceClassificationTask(EncoderTask):
         self.val_metrics = MetricCollection(metrics, prefix="val/")
         self.test_metrics = self.val_metrics.clone(prefix="test/")
         self.test_confusion = MulticlassConfusionMatrix(n)
-        bert = self.build_bert()
-        return {
-            "model": bert,
-            "classifier": ClassifierHead(bert.config.d_model, n, self.hparams.classifier_dropout),
-        }
+        return models
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, n_classes) logits."""

@@ -4,48 +4,29 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torchmetrics import MeanMetric, SumMetric
 
-from lit_transformers.contract import ClassNames, TokenizedText
-from lit_transformers.nn import IGNORE_INDEX, ClassifierHead
-from lit_transformers.tasks.encoder import EncoderTask
+from lit_transformers.nn import IGNORE_INDEX
+from lit_transformers.tasks.encoder import EncoderClassifierTask
 from lit_transformers.tasks.evaluation import entity_counts
 
 
-class TokenClassificationTask(EncoderTask):
-    """Two named models: ``model``, the BERT body, and ``classifier``, dropout + linear on each token's hidden
-    state. Labels sit on the first WordPiece of each word (the datamodule puts IGNORE_INDEX elsewhere).
+class TokenClassificationTask(EncoderClassifierTask):
+    """The classifier on each token's hidden state. Labels sit on the first WordPiece of each word (the
+    datamodule puts IGNORE_INDEX elsewhere).
 
     Metrics: ``acc`` (share of words tagged right), ``entity_f1`` / ``entity_precision`` / ``entity_recall``
     over BIO spans (exact type and boundaries, CoNLL's conlleval), for ``val/`` and ``test/``.
 
-    Args: ``model``, the BERT config spec; ``class_names``: the tags, from the datamodule, kept in
-    checkpoints; ``classifier_dropout``; the rest as in :class:`EncoderTask`."""
+    Args as in :class:`EncoderClassifierTask` (``class_names``: the tags)."""
 
-    data_needs = (TokenizedText, ClassNames)
-
-    def __init__(
-        self,
-        model: dict,
-        class_names: list[str] | None = None,
-        classifier_dropout: float = 0.1,
-        **task_args,
-    ):
+    def __init__(self, model: dict, **task_args):
         super().__init__(model, **task_args)
         for stage in ("val", "test"):
             setattr(self, f"{stage}_acc", MeanMetric())
             for count in ("tp", "predicted", "true"):
                 setattr(self, f"{stage}_{count}", SumMetric())
         self.track_best("val/entity_f1", "max")
-
-    def build_models(self) -> dict[str, nn.Module]:
-        n = len(self.attach_class_names())
-        bert = self.build_bert()
-        return {
-            "model": bert,
-            "classifier": ClassifierHead(bert.config.d_model, n, self.hparams.classifier_dropout),
-        }
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B, T, n_classes) logits."""
