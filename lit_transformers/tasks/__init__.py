@@ -6,7 +6,8 @@ from lit_transformers.lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
-        "base": ["Task", "build_config", "eval_mode", "load_weights"],
+        "base": ["Task", "eval_mode"],
+        "specs": ["build_config", "config_spec", "load_weights"],
         "causal_lm": ["CausalLMTask"],
         "contrastive": ["ContrastiveTask"],
         "dpo": ["DPOTask"],

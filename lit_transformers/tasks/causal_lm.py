@@ -8,7 +8,8 @@ from torchmetrics import MeanMetric
 from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPT, GPTConfig
 from lit_transformers.nn import generate, token_mean
-from lit_transformers.tasks.base import Task, config_spec, eval_mode
+from lit_transformers.tasks.base import Task, eval_mode
+from lit_transformers.tasks.specs import config_spec
 from lit_transformers.text import left_pad
 
 

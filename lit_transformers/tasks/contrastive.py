@@ -10,8 +10,9 @@ from torchmetrics.functional.classification import multiclass_accuracy
 from lit_transformers.contract import RetrievalTargets
 from lit_transformers.models.clip import CLIP, CLIPConfig
 from lit_transformers.nn import ClipLoss
-from lit_transformers.tasks.base import Task, config_spec
+from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.evaluation import matrix_image, recall_at_k, zero_shot_classifier
+from lit_transformers.tasks.specs import config_spec
 from lit_transformers.text import eos_terminated
 from lit_transformers.utils.dashboards import log_image
 

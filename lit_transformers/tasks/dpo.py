@@ -12,8 +12,9 @@ from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPT, GPTConfig
 from lit_transformers.nn import token_logprobs
 from lit_transformers.nn.rlhf import dpo_loss
-from lit_transformers.tasks.base import Task, config_spec
+from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.instruct import PolicyEvaluation, eval_metrics
+from lit_transformers.tasks.specs import config_spec
 
 
 class DPOTask(PolicyEvaluation, Task):

@@ -11,7 +11,8 @@ from torch import nn
 from lit_transformers.contract import ClassNames, TokenizedText
 from lit_transformers.models import BERT, BERTConfig
 from lit_transformers.nn import ClassifierHead
-from lit_transformers.tasks.base import Task, config_spec
+from lit_transformers.tasks.base import Task
+from lit_transformers.tasks.specs import config_spec
 
 
 class EncoderTask(Task):

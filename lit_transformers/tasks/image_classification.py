@@ -12,8 +12,9 @@ from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionM
 
 from lit_transformers.contract import ClassNames
 from lit_transformers.models.backbone import ImageClassifierConfig, create_backbone
-from lit_transformers.tasks.base import Task, build_config, config_spec
+from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.evaluation import matrix_image
+from lit_transformers.tasks.specs import build_config, config_spec
 from lit_transformers.utils.dashboards import log_image
 
 

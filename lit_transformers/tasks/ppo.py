@@ -30,9 +30,10 @@ from lit_transformers.nn.rlhf import (
     masked_whiten,
     per_token_rewards,
 )
-from lit_transformers.tasks.base import Task, config_spec
+from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.instruct import PolicyEvaluation, eval_metrics, response_logprobs, rollout
 from lit_transformers.tasks.reward import gpt_or_scalar
+from lit_transformers.tasks.specs import config_spec
 
 log = logging.getLogger(__name__)
 

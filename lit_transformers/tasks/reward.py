@@ -11,7 +11,8 @@ from torchmetrics import MeanMetric
 from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPTConfig, ScalarGPT
 from lit_transformers.nn import bradley_terry_loss
-from lit_transformers.tasks.base import Task, config_spec, model_weights
+from lit_transformers.tasks.base import Task
+from lit_transformers.tasks.specs import config_spec, model_weights
 from lit_transformers.utils.checkpoints import read_checkpoint
 
 

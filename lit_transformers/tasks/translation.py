@@ -13,8 +13,9 @@ from lit_transformers.contract import ParallelText
 from lit_transformers.models import Seq2SeqConfig, Seq2SeqTransformer
 from lit_transformers.nn import token_mean
 from lit_transformers.nn.attention import recorded_attention
-from lit_transformers.tasks.base import Task, config_spec, eval_mode
+from lit_transformers.tasks.base import Task, eval_mode
 from lit_transformers.tasks.evaluation import CorpusScore, labeled_matrix_image
+from lit_transformers.tasks.specs import config_spec
 from lit_transformers.text import Tokenizer, right_pad
 from lit_transformers.utils.dashboards import log_image, log_table
 
