@@ -10,10 +10,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
+from unittest.mock import patch
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
@@ -242,6 +246,23 @@ class Task(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"},
         }
+
+    def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's clipping (automatic, and PPO's manual ``self.clip_gradients``), also of a fused optimizer
+        under autocast, which Lightning's ``MixedPrecision`` refuses because the fused step unscales a
+        GradScaler's gradients itself. Without a scaler (bf16-mixed) there is nothing to unscale; with one
+        (16-mixed) they are unscaled here, and the scaler then tells the fused step that they already are
+        (``torch.amp.GradScaler.step``)."""
+        precision = self.trainer.precision_plugin
+        if type(precision) is not MixedPrecision or not _optimizer_handles_unscaling(optimizer):
+            return super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        if (
+            precision.scaler is not None
+        ):  # of the optimizer the scaler steps, not of the manual step's wrapper
+            precision.scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
+        # Lightning's checks of the arguments, then the plain clip of the base plugin, not the refusal
+        with patch.object(precision, "clip_gradients", partial(Precision.clip_gradients, precision)):
+            super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps:
