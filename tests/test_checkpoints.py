@@ -90,3 +90,12 @@ def test_generate_on_a_vision_checkpoint_says_so(checkpoints):
     with initialize_config_module("lit_transformers.conf", version_base="1.3"):
         cfg = compose("generate", overrides=[f"ckpt={checkpoints['vit']}"])
     assert_user_error(lambda: continuations(cfg), "ImageClassificationTask", "CausalLMTask")
+
+
+def test_last_ckpt_holds_the_final_step_when_later_validations_do_not_improve(compose_cfg, tmp_path):
+    # lr 0: every validation's val/loss equals the first, so no later one writes a top-k checkpoint
+    cfg = compose_cfg(*TINY_LM, "trainer.max_steps=6", "task.optimizer.lr=0", "test=false", "sample=null")
+    train(cfg)
+    folder = tmp_path / "checkpoints"
+    assert [p.name for p in folder.glob("step_*.ckpt")] == ["step_000002.ckpt"]  # the first validation's
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 6
