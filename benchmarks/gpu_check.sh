@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bash benchmarks/gpu_check.sh [OUT_DIR] [extra overrides...]
+# bash benchmarks/gpu_check.sh [OUT_DIR] [extra overrides...]    (TRAINERS="fsdp" bash ... for FSDP's clipping)
 # On a machine with a GPU: every family's experiment for 50 steps with trainer=gpu and trainer=ddp (bf16-mixed, the
 # default fused AdamW and clipping, compile=true), then one line per run: exit code, tokens/s and MFU (the last
 # train/tokens_per_s and train/mfu of its csv/metrics.csv; "-" for families that do not log them). The CPU tests
@@ -10,7 +10,7 @@ shift || true
 families=(gpt_pretrain gpt_sft gpt_reward gpt_ppo gpt_dpo bert_pretrain bert_classify translation vit clip)
 mkdir -p "$out"
 summary=()
-for trainer in gpu ddp; do
+for trainer in ${TRAINERS:-gpu ddp}; do
   for family in "${families[@]}"; do
     run="$out/$trainer/$family"
     python train.py "experiment=$family" "trainer=$trainer" trainer.precision=bf16-mixed compile=true \

@@ -114,7 +114,7 @@ def test_bf16_true_trains_with_clipping(compose_cfg, tmp_path):
 
 def test_gpu_trainer_preset_runs_on_cpu(compose_cfg):
     """trainer=gpu as the README gives it (bf16-mixed, the default clip 1.0), on CPU. trainer=fsdp is left out:
-    Lightning's FSDPStrategy refuses any accelerator but a GPU."""
+    Lightning's FSDPStrategy, and torch's FSDP, refuse to run without a GPU (benchmarks/gpu_check.sh runs it)."""
     cfg = compose_cfg(*TINY_LM, *SHORT, "trainer=gpu", "trainer.accelerator=cpu")
     assert cfg.trainer.precision == "bf16-mixed" and cfg.trainer.gradient_clip_val == 1.0
     metrics, norms = step_grad_norms(cfg)
