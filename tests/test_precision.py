@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import open_dict
+from test_bert_token_classify import write_conll
 from test_translation import _translation, write_parallel_locale
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -48,6 +49,14 @@ FAMILIES: dict[str, Callable[[Path], list[str]]] = {
         f"data.path={write_locale(tmp / 'locale', n_messages=10)}",
         "data.vocab_size=300",
         "data.languages=[de,fr,es]",
+        *TINY_MODEL,
+        *TINY_TRAINER,
+        *PLAIN,
+    ],  # fmt: skip
+    "bert_token_classify": lambda tmp: [
+        "experiment=bert_token_classify",
+        f"data.path={write_conll(tmp / 'train.conll')}",
+        "data.vocab_size=100",
         *TINY_MODEL,
         *TINY_TRAINER,
         *PLAIN,
