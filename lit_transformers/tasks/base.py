@@ -9,23 +9,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from functools import partial
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from unittest.mock import patch
 
 import lightning as L
 import torch
-from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
-from lightning.pytorch.plugins.precision import MixedPrecision, Precision
-from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MaxMetric, MinMetric
 
 from lit_transformers.contract import check_data
-from lit_transformers.tasks.optim import decay_groups
+from lit_transformers.tasks.optim import decay_groups, unrefused_clipping
 from lit_transformers.tasks.specs import build_config, build_from_spec, load_weights, model_weights
 from lit_transformers.text import Tokenizer
 from lit_transformers.utils.checkpoints import read_checkpoint
@@ -249,26 +245,10 @@ class Task(L.LightningModule):
         }
 
     def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
-        """Lightning's clipping (automatic, and PPO's manual ``self.clip_gradients``: its argument checks, then
-        the precision plugin's clip), where Lightning's plugins refuse it in the GPU presets:
-
-        - a fused optimizer under autocast (``MixedPrecision``), because the fused step unscales a GradScaler's
-          gradients itself. Without a scaler (bf16-mixed) there is nothing to unscale; with one (16-mixed) they
-          are unscaled here, and the scaler then tells the fused step that they already are
-          (``torch.amp.GradScaler.step``);
-        - clipping by norm under FSDP (``FSDPPrecision``), because each rank holds a shard of the gradients:
-          the root FSDP module's ``clip_grad_norm_`` takes the norm over all of them.
-        """
-        precision, strategy = self.trainer.precision_plugin, self.trainer.strategy
-        if isinstance(strategy, FSDPStrategy):
-            clip = {"clip_grad_by_norm": lambda optimizer, clip_val: strategy.model.clip_grad_norm_(clip_val)}
-        elif type(precision) is MixedPrecision and _optimizer_handles_unscaling(optimizer):
-            if precision.scaler is not None:  # the optimizer the scaler steps, not a manual step's wrapper
-                precision.scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
-            clip = {"clip_gradients": partial(Precision.clip_gradients, precision)}  # the base plugin's
-        else:
-            return super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
-        with patch.multiple(precision, **clip):
+        """Lightning's clipping (automatic, and PPO's manual ``self.clip_gradients``), also where its precision
+        plugins refuse the clip of the GPU presets (``optim.unrefused_clipping``)."""
+        unrefused = unrefused_clipping(self.trainer, optimizer)
+        with patch.multiple(self.trainer.precision_plugin, **unrefused) if unrefused else nullcontext():
             super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_before_optimizer_step(self, optimizer) -> None:
