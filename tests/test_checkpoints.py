@@ -7,6 +7,7 @@ import fractions
 import pickle
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from hydra import compose, initialize_config_module
@@ -90,3 +91,35 @@ def test_generate_on_a_vision_checkpoint_says_so(checkpoints):
     with initialize_config_module("lit_transformers.conf", version_base="1.3"):
         cfg = compose("generate", overrides=[f"ckpt={checkpoints['vit']}"])
     assert_user_error(lambda: continuations(cfg), "ImageClassificationTask", "CausalLMTask")
+
+
+def test_last_ckpt_holds_the_final_step_when_later_validations_do_not_improve(compose_cfg, tmp_path):
+    # lr 0: every validation's val/loss equals the first, so no later one writes a top-k checkpoint
+    cfg = compose_cfg(*TINY_LM, "trainer.max_steps=6", "task.optimizer.lr=0", "test=false", "sample=null")
+    train(cfg)
+    folder = tmp_path / "checkpoints"
+    assert [p.name for p in folder.glob("step_*.ckpt")] == ["step_000002.ckpt"]  # the first validation's
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 6
+
+
+class CrashAtStep(L.Callback):
+    """Raises after training step ``step``: a crash after the last save."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise RuntimeError("boom")
+
+
+def test_a_crash_names_the_step_last_ckpt_holds(compose_cfg, tmp_path, caplog):
+    cfg = compose_cfg(
+        *TINY_LM, "trainer.max_steps=6", "test=false", "sample=null",
+        "+callbacks.crash._target_=test_checkpoints.CrashAtStep", "+callbacks.crash.step=3",
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="boom"):
+        train(cfg)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 2  # the validation at step 2
+    assert f"RuntimeError at step 3; {last} holds step 2: resume from it with ckpt_path={last}" in caplog.text

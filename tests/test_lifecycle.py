@@ -167,6 +167,20 @@ def test_a_new_run_into_a_used_run_folder_is_refused_and_changes_nothing(tmp_pat
     assert _snapshot(run_dir) == before  # not even Hydra's .hydra/ or log file
 
 
+@pytest.mark.cli
+def test_a_failed_run_into_a_folder_of_user_logs_removes_only_what_it_wrote(tmp_path, cache_dir):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "experiment-notes.log").write_text("lr sweep, day 2\n")  # a log alone does not make a run
+    missing = tmp_path / "missing.txt"
+    result = train_cli(
+        *TINY_LM, f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", "data.corpus.source=path",
+        f"data.corpus.path={missing}", timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1 and str(missing) in result.stderr, result.stderr[-2000:]
+    assert _snapshot(run_dir) == {"experiment-notes.log": b"lr sweep, day 2\n"}  # no config, no job log
+
+
 def test_a_sweep_into_a_used_sweep_folder_is_refused(tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
     _earlier_run(sweep_dir / "0")

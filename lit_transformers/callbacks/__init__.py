@@ -5,6 +5,7 @@ from lit_transformers.lazy import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
+        "checkpoint": ["NewestLastCheckpoint"],
         "final_validation": ["ValidateAfterLastStep"],
         "interrupt": ["Interrupted", "StopOnSignal"],
         "nonfinite": ["NonFiniteLossError", "StopOnNonFiniteLoss"],

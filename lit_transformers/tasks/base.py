@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from unittest.mock import patch
 
 import lightning as L
 import torch
@@ -20,7 +21,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MaxMetric, MinMetric
 
 from lit_transformers.contract import check_data
-from lit_transformers.tasks.optim import decay_groups
+from lit_transformers.tasks.optim import decay_groups, unrefused_clipping
 from lit_transformers.tasks.specs import build_config, build_from_spec, load_weights, model_weights
 from lit_transformers.text import Tokenizer
 from lit_transformers.utils.checkpoints import read_checkpoint
@@ -242,6 +243,13 @@ class Task(L.LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "name": "train/lr"},
         }
+
+    def clip_gradients(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's clipping (automatic, and PPO's manual ``self.clip_gradients``), also where its precision
+        plugins refuse the clip of the GPU presets (``optim.unrefused_clipping``)."""
+        unrefused = unrefused_clipping(self.trainer, optimizer)
+        with patch.multiple(self.trainer.precision_plugin, **unrefused) if unrefused else nullcontext():
+            super().clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         if (self.trainer.global_step + 1) % self.trainer.log_every_n_steps:

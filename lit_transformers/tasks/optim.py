@@ -1,11 +1,17 @@
-"""Optimiser parameter groups and the learning-rate schedules shared by every task: warmup + cosine (GPT,
-ViT, CLIP), warmup + linear decay (BERT) and the Transformer paper's inverse square root (translation)."""
+"""Optimiser parameter groups, gradient clipping in every precision, and the learning-rate schedules shared by
+every task: warmup + cosine (GPT, ViT, CLIP), warmup + linear decay (BERT) and the Transformer paper's inverse
+square root (translation)."""
 
 from __future__ import annotations
 
 import logging
 import math
+from functools import partial
 
+import lightning as L
+from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.strategies import FSDPStrategy
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
@@ -25,6 +31,27 @@ def decay_groups(module: nn.Module, skip: set[str] | frozenset[str] = frozenset(
         else:
             decay.append(param)
     return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def unrefused_clipping(trainer: L.Trainer, optimizer: Optimizer) -> dict:
+    """The precision plugin's methods to replace, around Lightning's clipping (``Task.clip_gradients``), where
+    Lightning refuses the clip the GPU presets ask for; {} where its own works:
+
+    - a fused optimizer under autocast (``MixedPrecision``), refused because the fused step unscales a
+      GradScaler's gradients itself. Without a scaler (bf16-mixed) there is nothing to unscale; with one
+      (16-mixed) they are unscaled here, and the scaler then tells the fused step that they already are
+      (``torch.amp.GradScaler.step``). Then the base plugin's clip.
+    - clipping by norm under FSDP (``FSDPPrecision``), refused because each rank holds a shard of the
+      gradients: the root FSDP module's ``clip_grad_norm_`` takes the norm over all of them.
+    """
+    precision, strategy = trainer.precision_plugin, trainer.strategy
+    if isinstance(strategy, FSDPStrategy):
+        return {"clip_grad_by_norm": lambda optimizer, clip_val: strategy.model.clip_grad_norm_(clip_val)}
+    if type(precision) is MixedPrecision and _optimizer_handles_unscaling(optimizer):
+        if precision.scaler is not None:  # the optimizer the scaler steps, not a manual step's wrapper
+            precision.scaler.unscale_(getattr(optimizer, "optimizer", optimizer))
+        return {"clip_gradients": partial(Precision.clip_gradients, precision)}
+    return {}
 
 
 def _fit_warmup(total_steps: int, warmup_steps: int) -> tuple[int, int]:

@@ -144,9 +144,8 @@ class PPOTask(PolicyEvaluation, Task):
         for start in range(0, len(order), mb):
             idx = order[start : start + mb]
             logprobs[idx] = response_logprobs(self.policy, seq[idx], attn[idx], R, h.temperature)
-            values[idx] = self.value(seq[idx], attn[idx])[
-                :, -R - 1 : -1
-            ]  # value of the state before each token
+            # value of the state before each token; float32 as the log-probs, also under autocast
+            values[idx] = self.value(seq[idx], attn[idx])[:, -R - 1 : -1].float()
         ref_logprobs = response_logprobs(self.reference, seq, attn, R, h.temperature)
         scores = self.reward.score(seq, attn) - h.missing_eos_penalty * (~out.has_eos).float()
         kl = kl_estimate(logprobs, ref_logprobs, h.kl_estimator) * mask
@@ -186,7 +185,7 @@ class PPOTask(PolicyEvaluation, Task):
                 seq, attn, mask = exp["sequences"][idx], exp["attention_mask"][idx], exp["mask"][idx]
                 logits = padded_forward(self.policy, seq, attn)[:, -R - 1 : -1].float() / h.temperature
                 logprobs = logprobs_of(logits, seq[:, -R:])
-                values = self.value(seq, attn)[:, -R - 1 : -1]
+                values = self.value(seq, attn)[:, -R - 1 : -1].float()
                 pg = clipped_policy_loss(
                     logprobs, exp["logprobs"][idx], exp["advantages"][idx], mask, h.clip_range
                 )

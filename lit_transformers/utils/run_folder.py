@@ -5,7 +5,8 @@
   files describe the latest attempt, and the CSV metrics of each attempt are kept: ``csv/metrics.csv``, then
   ``csv/resume_1/``, ``csv/resume_2/``, ...
 * A multirun refuses a non-empty sweep folder.
-* A run that fails before writing anything but its config removes its folder, so only runs look like runs.
+* A run that fails before writing anything but its config removes what it wrote (its folder, unless files that
+  were there before keep it), so only runs look like runs.
 * A SLURM job that SLURM requeued (preempted, or stopped before its time limit) resumes from the ``last.ckpt`` its
   earlier attempt left in its folder, which it finds again because the folder is named by the job id.
 """
@@ -38,6 +39,11 @@ CONFIG_FILES = {
 
 class RunFolderTaken(ConfigError):
     pass
+
+
+# run folder -> the files it held when RunFolderGuard accepted it (top-level logs only, e.g. a user's notes):
+# a failed run removes what it wrote, never these
+_found_before_run: dict[Path, set[str]] = {}
 
 
 def is_job_log(relative_path: str) -> bool:
@@ -83,7 +89,11 @@ class RunFolderGuard(Callback):
             return  # a DDP rank joining the run folder of its Lightning parent, or of rank 0 of its torchrun/SLURM job
         if slurm_requeued():
             return  # the job's own folder, from its earlier attempt (with a last.ckpt to resume, or started over)
-        _exit_if_taken(check_run_folder, Path(config.hydra.run.dir), config.get("ckpt_path"))
+        run_dir = Path(config.hydra.run.dir)
+        _exit_if_taken(check_run_folder, run_dir, config.get("ckpt_path"))
+        _found_before_run[run_dir.resolve()] = (
+            {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
+        )
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         _exit_if_taken(check_sweep_folder, Path(config.hydra.sweep.dir))
@@ -112,9 +122,19 @@ def keep_earlier_csv_logs(cfg: DictConfig) -> None:
 
 
 def remove_if_only_config(run_dir: Path) -> None:
-    """Called when a run fails: delete its folder if the run wrote nothing but its config (and Hydra's log)."""
+    """Called when a run fails: if it wrote nothing but its config (and Hydra's logs), delete what it wrote, and
+    the folder unless files the folder held before the run (a user's ``notes.log``) keep it."""
     if not run_dir.is_dir():
         return
     files = [p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if not p.is_dir()]
-    if all(f in CONFIG_FILES or is_job_log(f) for f in files):
-        shutil.rmtree(run_dir)
+    if not all(f in CONFIG_FILES or is_job_log(f) for f in files):
+        return
+    kept = _found_before_run.get(run_dir.resolve(), set())
+    for f in files:
+        if f not in kept:
+            (run_dir / f).unlink()
+    for folder in run_dir.iterdir():  # .hydra/, csv/, checkpoints/: they held config files only
+        if folder.is_dir():
+            shutil.rmtree(folder)
+    if not kept:
+        run_dir.rmdir()
