@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import random
 import sys
 import types
@@ -443,3 +444,17 @@ def test_chain_resumes_from_another_directory(tmp_path, cache_dir, monkeypatch):
     assert Path(reward_config.data.path) == run / "label" / "comparisons.jsonl"
     assert [Path(reward_config.init_from)] == list((run / "sft" / "checkpoints").glob("step_*.ckpt"))
     assert not (elsewhere / "logs").exists()
+
+
+def test_label_stage_samples_the_trained_sft_policy_without_a_random_weights_warning(
+    tmp_path, cache_dir, caplog
+):
+    with caplog.at_level(logging.WARNING, logger="lit_transformers"):
+        chain(_tiny_chain(tmp_path / "run", ["pretrain", "sft", "label"], cache_dir))
+    assert (tmp_path / "run" / "label" / "comparisons.jsonl").is_file()
+    assert "random weights" not in caplog.text
+    # a stage really started without its parent still says so
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lit_transformers"):
+        chain(_tiny_chain(tmp_path / "alone", ["sft"], cache_dir))
+    assert "SFTTask starts from random weights" in caplog.text
