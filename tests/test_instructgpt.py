@@ -31,7 +31,7 @@ from lit_transformers.text import left_pad, right_pad
 from lit_transformers.text.instructions import TASKS, corrupt, judge, make_examples
 from lit_transformers.train import train
 
-from conftest import INSTRUCT_EXPERIMENTS, REPO
+from conftest import INSTRUCT_EXPERIMENTS, REPO, assert_user_error
 
 CONFIG = GPTConfig(vocab_size=40, block_size=24, n_layer=1, n_head=2, d_model=16)
 WORDS = ["ash", "oak", "elm", "fir", "yew", "bay"]
@@ -458,3 +458,13 @@ def test_label_stage_samples_the_trained_sft_policy_without_a_random_weights_war
     with caplog.at_level(logging.WARNING, logger="lit_transformers"):
         chain(_tiny_chain(tmp_path / "alone", ["sft"], cache_dir))
     assert "SFTTask starts from random weights" in caplog.text
+
+
+def test_a_finished_stage_whose_file_is_gone_is_refused_naming_what_to_delete(tmp_path, cache_dir):
+    # e.g. a stage.json of an older version, its path relative to the directory the chain was started in
+    marker = tmp_path / "run" / "label" / "stage.json"
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps({"comparisons": "logs/x/label/comparisons.jsonl", "test": {}}))
+    cfg = _tiny_chain(tmp_path / "run", ["label"], cache_dir)
+    missing = tmp_path / "run" / "logs" / "x" / "label" / "comparisons.jsonl"
+    assert_user_error(lambda: chain(cfg), str(missing), f"delete {marker}")
