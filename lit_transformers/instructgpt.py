@@ -11,8 +11,9 @@ mistakes, and PPO then has nothing true to climb (docs/instructgpt.md).
     lit-instructgpt 'stages=[pretrain,sft,label,reward,ppo,dpo]'
     lit-instructgpt run_dir=<run>                           # resume after the last finished stage
 
-A finished stage writes ``<run>/<stage>/stage.json`` (its best checkpoint and test metrics), so a rerun on
-the same ``run_dir``, from any directory, skips it (its paths are relative to ``run_dir``); an unfinished stage's folder is moved aside and the stage starts again. A failing stage stops the chain with its error. At the end the chain prints
+A finished stage writes ``<run>/<stage>/stage.json`` (its best checkpoint and test metrics, paths relative to
+``run_dir``), so a rerun on the same ``run_dir``, from any directory, skips it; an unfinished stage's folder is
+moved aside and the stage starts again. A failing stage stops the chain with its error. At the end the chain prints
 one table and writes ``<run>/summary.json``: ``{stage: {metric: value}}`` with each stage's test metrics.
 Stages run in this process, one after the other (multi-process trainers belong to single-stage runs).
 """
@@ -148,10 +149,8 @@ def label_comparisons(
     return stats
 
 
-STAGE_FILES = (
-    "checkpoint",
-    "comparisons",
-)  # the keys of stage.json that name files, stored relative to run_dir
+# the keys of stage.json that name files, stored relative to run_dir
+STAGE_FILES = ("checkpoint", "comparisons")
 
 
 def write_stage(marker: Path, run_dir: Path, info: dict) -> None:
