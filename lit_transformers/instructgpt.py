@@ -11,8 +11,9 @@ mistakes, and PPO then has nothing true to climb (docs/instructgpt.md).
     lit-instructgpt 'stages=[pretrain,sft,label,reward,ppo,dpo]'
     lit-instructgpt run_dir=<run>                           # resume after the last finished stage
 
-A finished stage writes ``<run>/<stage>/stage.json`` (its best checkpoint and test metrics), so a rerun on
-the same ``run_dir`` skips it; an unfinished stage's folder is moved aside and the stage starts again. A failing stage stops the chain with its error. At the end the chain prints
+A finished stage writes ``<run>/<stage>/stage.json`` (its best checkpoint and test metrics, paths relative to
+``run_dir``), so a rerun on the same ``run_dir``, from any directory, skips it; an unfinished stage's folder is
+moved aside and the stage starts again. A failing stage stops the chain with its error. At the end the chain prints
 one table and writes ``<run>/summary.json``: ``{stage: {metric: value}}`` with each stage's test metrics.
 Stages run in this process, one after the other (multi-process trainers belong to single-stage runs).
 """
@@ -148,6 +149,34 @@ def label_comparisons(
     return stats
 
 
+# the keys of stage.json that name files, stored relative to run_dir
+STAGE_FILES = ("checkpoint", "comparisons")
+
+
+def write_stage(marker: Path, run_dir: Path, info: dict) -> None:
+    """``<run>/<stage>/stage.json``: ``info`` with its files relative to ``run_dir``, not to this directory."""
+    stored = {
+        k: str(Path(v).resolve().relative_to(run_dir.resolve())) if k in STAGE_FILES else v
+        for k, v in info.items()
+    }
+    marker.write_text(json.dumps(stored, indent=2))
+
+
+def read_stage(marker: Path, run_dir: Path) -> dict:
+    """A finished stage's ``stage.json``, its files under ``run_dir`` (absolute ones as they are); a file that
+    is gone is refused here, naming the stage to rerun, not later by the stage that needs it."""
+    info = json.loads(marker.read_text())
+    for key in STAGE_FILES:
+        if key in info:
+            info[key] = str(run_dir / info[key])
+            if not Path(info[key]).is_file():
+                raise ConfigError(
+                    f"{marker} names {key} {info[key]}, which does not exist; delete {marker} to run that"
+                    " stage again"
+                )
+    return info
+
+
 def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
     run_dir = Path(cfg.run_dir)
     done: dict[str, dict] = {}
@@ -157,7 +186,7 @@ def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
         stage_dir = run_dir / stage
         marker = stage_dir / "stage.json"
         if marker.is_file():
-            done[stage] = json.loads(marker.read_text())
+            done[stage] = read_stage(marker, run_dir)
             log.info("Chain: %s already finished (%s), skipping", stage, marker)
             continue
         if stage_dir.exists():  # an unfinished attempt: keep it aside, so its checkpoints cannot be mistaken
@@ -177,8 +206,8 @@ def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
             counts = label_comparisons(
                 done["sft"]["checkpoint"], stage_cfg.data, comparisons, **cfg.label, seed=stage_cfg.seed
             )
-            done[stage] = {"comparisons": str(comparisons), "test": counts}
-            marker.write_text(json.dumps(done[stage], indent=2))
+            write_stage(marker, run_dir, {"comparisons": str(comparisons), "test": counts})
+            done[stage] = read_stage(marker, run_dir)
             continue
         result = train(stage_cfg)
         if result.best_checkpoint is None:
@@ -189,8 +218,8 @@ def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
         test = {
             k.removeprefix("test/"): v for k, v in sorted(result.metrics.items()) if k.startswith("test/")
         }
-        done[stage] = {"checkpoint": result.best_checkpoint, "test": test}
-        marker.write_text(json.dumps(done[stage], indent=2))
+        write_stage(marker, run_dir, {"checkpoint": result.best_checkpoint, "test": test})
+        done[stage] = read_stage(marker, run_dir)  # as a later run reads it
     summary = {stage: info["test"] for stage, info in done.items()}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(summary_table(summary))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import random
 import sys
 import types
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -29,7 +31,7 @@ from lit_transformers.text import left_pad, right_pad
 from lit_transformers.text.instructions import TASKS, corrupt, judge, make_examples
 from lit_transformers.train import train
 
-from conftest import INSTRUCT_EXPERIMENTS, REPO
+from conftest import INSTRUCT_EXPERIMENTS, REPO, assert_user_error
 
 CONFIG = GPTConfig(vocab_size=40, block_size=24, n_layer=1, n_head=2, d_model=16)
 WORDS = ["ash", "oak", "elm", "fir", "yew", "bay"]
@@ -345,11 +347,12 @@ def test_ppo_under_ddp_cpu(ddp_cli):
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
-def test_chain_runs_every_stage_feeds_the_next_and_resumes(tmp_path, cache_dir, capsys):
+def _tiny_chain(run_dir, stages: list[str], cache_dir):
+    """The chain's config at tiny sizes: two steps a stage, writing into ``run_dir``."""
     cfg = OmegaConf.load(REPO / "lit_transformers" / "conf" / "instructgpt.yaml")
     del cfg["hydra"]
-    cfg.run_dir = str(tmp_path / "run")
-    cfg.stages = ["pretrain", "sft", "label", "reward", "ppo", "dpo"]
+    cfg.run_dir = str(run_dir)
+    cfg.stages = stages
     cfg.label.max_new_tokens = 4
     cfg.common = [
         *TINY,
@@ -362,6 +365,11 @@ def test_chain_runs_every_stage_feeds_the_next_and_resumes(tmp_path, cache_dir, 
         cfg.stage_configs[stage] = [*cfg.stage_configs[stage], "data.n_examples=120"]
         if stage in ("sft", "ppo", "dpo"):
             cfg.stage_configs[stage].append("task.max_new_tokens=4")
+    return cfg
+
+
+def test_chain_runs_every_stage_feeds_the_next_and_resumes(tmp_path, cache_dir, capsys):
+    cfg = _tiny_chain(tmp_path / "run", ["pretrain", "sft", "label", "reward", "ppo", "dpo"], cache_dir)
     summary = chain(cfg)
     assert list(summary) == ["pretrain", "sft", "label", "reward", "ppo", "dpo"]
     assert {"judge_score", "judge_exact"} <= set(summary["sft"]) and "accuracy" in summary["reward"]
@@ -376,7 +384,9 @@ def test_chain_runs_every_stage_feeds_the_next_and_resumes(tmp_path, cache_dir, 
     assert {"rm_score", "kl", "judge_score"} <= set(summary["ppo"])
     assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
     ppo_config = OmegaConf.load(tmp_path / "run" / "ppo" / "config_resolved.yaml")
-    sft_ckpt = json.loads((tmp_path / "run" / "sft" / "stage.json").read_text())["checkpoint"]
+    sft_ckpt = str(
+        tmp_path / "run" / json.loads((tmp_path / "run" / "sft" / "stage.json").read_text())["checkpoint"]
+    )
     assert ppo_config.init_from.policy == sft_ckpt and ppo_config.data.tokenizer_path == sft_ckpt
     assert "reward" in ppo_config.init_from.reward
     # resume after an unfinished ppo: finished stages are skipped, ppo runs again in a fresh folder
@@ -413,4 +423,48 @@ def test_chain_feeds_on_the_checkpoint_judged_best_not_the_latest(tmp_path, cach
     worst = max(losses, key=losses.get) + 1  # the CSV's step of a validation is the checkpoint's step - 1
     expected = stage / "checkpoints" / f"step_{worst:06d}.ckpt"
     assert expected.is_file() and len(list((stage / "checkpoints").glob("step_*.ckpt"))) == 2
-    assert json.loads((stage / "stage.json").read_text())["checkpoint"] == str(expected)
+    stored = json.loads((stage / "stage.json").read_text())["checkpoint"]
+    assert stored == str(
+        expected.relative_to(tmp_path / "run")
+    )  # relative to run_dir: valid from any directory
+
+
+def test_chain_resumes_from_another_directory(tmp_path, cache_dir, monkeypatch):
+    # started with a relative run_dir in a clone, continued from elsewhere with the run folder's absolute path
+    clone, elsewhere = tmp_path / "clone", tmp_path / "elsewhere"
+    clone.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(clone)
+    chain(_tiny_chain("logs/x", ["pretrain", "sft", "label"], cache_dir))
+    monkeypatch.chdir(elsewhere)
+    run = clone / "logs" / "x"
+    summary = chain(_tiny_chain(run, ["pretrain", "sft", "label", "reward"], cache_dir))
+    assert list(summary) == ["pretrain", "sft", "label", "reward"]
+    reward_config = OmegaConf.load(run / "reward" / "config_resolved.yaml")
+    assert Path(reward_config.data.path) == run / "label" / "comparisons.jsonl"
+    assert [Path(reward_config.init_from)] == list((run / "sft" / "checkpoints").glob("step_*.ckpt"))
+    assert not (elsewhere / "logs").exists()
+
+
+def test_label_stage_samples_the_trained_sft_policy_without_a_random_weights_warning(
+    tmp_path, cache_dir, caplog
+):
+    with caplog.at_level(logging.WARNING, logger="lit_transformers"):
+        chain(_tiny_chain(tmp_path / "run", ["pretrain", "sft", "label"], cache_dir))
+    assert (tmp_path / "run" / "label" / "comparisons.jsonl").is_file()
+    assert "random weights" not in caplog.text
+    # a stage really started without its parent still says so
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lit_transformers"):
+        chain(_tiny_chain(tmp_path / "alone", ["sft"], cache_dir))
+    assert "SFTTask starts from random weights" in caplog.text
+
+
+def test_a_finished_stage_whose_file_is_gone_is_refused_naming_what_to_delete(tmp_path, cache_dir):
+    # e.g. a stage.json of an older version, its path relative to the directory the chain was started in
+    marker = tmp_path / "run" / "label" / "stage.json"
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps({"comparisons": "logs/x/label/comparisons.jsonl", "test": {}}))
+    cfg = _tiny_chain(tmp_path / "run", ["label"], cache_dir)
+    missing = tmp_path / "run" / "logs" / "x" / "label" / "comparisons.jsonl"
+    assert_user_error(lambda: chain(cfg), str(missing), f"delete {marker}")

@@ -207,6 +207,16 @@ def test_a_step_limited_run_validates_its_last_step_and_says_where_everything_we
     assert f"Metrics:         {tmp_path / 'csv' / 'metrics.csv'}" in out
 
 
+def test_a_step_limited_overfit_run_validates_its_last_step(compose_cfg, tmp_path, caplog):
+    # debug=overfit validates every 100 steps: a run of 4 still validates, keeps a best checkpoint and tests it
+    overrides = [o for o in TINY_LM if not o.startswith("trainer.val_check_interval")]
+    with caplog.at_level(logging.WARNING, logger="lit_transformers.train"):
+        result = train(compose_cfg("debug=overfit", *overrides, "sample=null"))
+    assert result.best_checkpoint == str(tmp_path / "checkpoints" / "step_000004.ckpt")
+    assert {"val/loss", "test/loss"} <= set(result.metrics)
+    assert "No checkpoint to test" not in caplog.text
+
+
 @pytest.mark.parametrize(
     ("overrides", "cause"),
     [

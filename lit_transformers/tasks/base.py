@@ -162,7 +162,7 @@ class Task(L.LightningModule):
     def configure_model(self) -> None:
         if self._built:
             return
-        if not self.hparams.init_from and self.init_from_hint:
+        if not self.hparams.init_from and self.init_from_hint and self._trainer is not None:  # not a reload
             log.warning(
                 "%s starts from random weights: no init_from (%s)", type(self).__name__, self.init_from_hint
             )
