@@ -7,11 +7,19 @@ needs arbitrary unpickling is refused unless the user vouches for it with ``trus
 
 from __future__ import annotations
 
+import logging
 import pickle
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+
+from lit_transformers.text import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# a datamodule's tokenizer arguments, each with the checkpoint hyperparameter holding the tokenizer it gives
+TOKENIZER_ARGUMENTS = {"tokenizer_path": "tokenizer", "source_tokenizer_path": "source_tokenizer"}
 
 
 def read_checkpoint(path: str | Path, key: str = "ckpt_path", trusted: bool = False) -> dict:
@@ -76,3 +84,30 @@ def check_task_fits(checkpoint: dict, path: str | Path, task, key: str = "ckpt_p
             f"{key}={path} was trained with another model config ({'; '.join(differ)}). Resume with the same "
             "model settings, or start a new run from its weights with init_from=... instead of ckpt_path"
         )
+
+
+def use_checkpoint_tokenizers(
+    data: DictConfig, checkpoint: dict, path: str | Path, key: str = "ckpt_path"
+) -> None:
+    """Make the data of a run resumed or evaluated from ``checkpoint`` tokenize as that checkpoint was trained:
+    each tokenizer argument of ``data`` (:data:`TOKENIZER_ARGUMENTS`) left unset becomes the checkpoint, rather
+    than a tokenizer trained on data that may have changed since; one set to another tokenizer is refused."""
+    saved = checkpoint.get("hyper_parameters", {})
+    for argument, held in TOKENIZER_ARGUMENTS.items():
+        state = saved.get(held)
+        if state is None or argument not in data:
+            continue
+        if held == "source_tokenizer" and data.get("joint_vocab"):
+            raise ValueError(
+                f"{key}={path} was trained with a source tokenizer of its own (data.joint_vocab=false), this run "
+                "asks for one joint vocabulary; set data.joint_vocab=false"
+            )
+        given = data[argument]
+        if not given:
+            data[argument] = str(path)
+            log.info("%s: the data uses the checkpoint's tokenizer (data.%s=%s)", key, argument, path)
+        elif Tokenizer.from_file(given, checkpoint_key=held) != Tokenizer.from_state(state):
+            raise ValueError(
+                f"data.{argument}={given} is not the tokenizer that {key}={path} was trained with, and its weights "
+                f"only fit that one; drop data.{argument} or set data.{argument}={path} to use the checkpoint's"
+            )
