@@ -97,7 +97,9 @@ def train(cfg: DictConfig) -> TrainResult:
     if cfg.ckpt_path:
         checkpoint = read_checkpoint(cfg.ckpt_path, "ckpt_path", cfg.trust_checkpoint)
         check_task_fits(checkpoint, cfg.ckpt_path, task)
-        use_checkpoint_tokenizers(cfg.data, checkpoint, cfg.ckpt_path)
+        # a trusted checkpoint may need unpickling, which the data's weights-only tokenizer loading refuses
+        copy_to = cfg.paths.output_dir if cfg.trust_checkpoint else None
+        use_checkpoint_tokenizers(cfg.data, checkpoint, cfg.ckpt_path, copy_to)
     datamodule: L.LightningDataModule = instantiate(cfg.data, _convert_="all")
     task.connect_data(datamodule)  # the one way a task gets its data: checked against what it declares
     callbacks = instantiate_group(cfg.get("callbacks"), "callbacks")

@@ -95,3 +95,15 @@ def test_translation_takes_both_tokenizers_of_its_checkpoint(tmp_path):
     joint = OmegaConf.create({"joint_vocab": True, "tokenizer_path": None, "source_tokenizer_path": None})
     with pytest.raises(ValueError, match="set data.joint_vocab=false"):
         use_checkpoint_tokenizers(joint, checkpoint, path)
+
+
+def test_a_trusted_checkpoint_gives_the_data_a_plain_copy_of_its_tokenizers(tmp_path):
+    """A checkpoint that needs trust_checkpoint=true may hold pickled objects, which the data's weights-only
+    reading of a tokenizer_path .ckpt refuses: the data reads a plain copy of the tokenizers instead."""
+    path, target, source = _two_sided_checkpoint(tmp_path)
+    data = OmegaConf.create({"joint_vocab": False, "tokenizer_path": None, "source_tokenizer_path": None})
+    use_checkpoint_tokenizers(data, torch.load(path, weights_only=True), path, copy_to=tmp_path / "run")
+    copy = tmp_path / "run" / "checkpoint_tokenizers.ckpt"
+    assert data.tokenizer_path == data.source_tokenizer_path == str(copy)
+    assert Tokenizer.from_file(copy) == target
+    assert Tokenizer.from_file(copy, checkpoint_key="source_tokenizer") == source
