@@ -16,7 +16,9 @@ from lit_transformers.text import Tokenizer
 from lit_transformers.train import train
 from lit_transformers.utils.checkpoints import use_checkpoint_tokenizers
 
-from conftest import TINY_LM, assert_user_error
+from conftest import TINY_LM, TINY_TRAINER, assert_user_error
+from test_bert_classify import write_locale
+from test_bert_train import TINY_MODEL
 
 # the same documents and splits, but a tokenizer trained here on fewer characters than the checkpoint's
 CHANGED_DATA = "data.tokenizer_train_chars=20000"
@@ -59,6 +61,25 @@ def test_resuming_with_changed_data_keeps_the_checkpoint_tokenizer(compose_cfg, 
     resumed = tmp_path / "checkpoints" / "last.ckpt"
     assert torch.load(resumed, weights_only=True)["global_step"] == 6
     assert _saved_tokenizer(resumed) == _saved_tokenizer(last)
+
+
+def test_bert_classify_resumed_on_more_messages_keeps_its_tokenizer(compose_cfg, tmp_path):
+    """The issue's case: a classifier resumed on a catalog with more messages went on with a retrained WordPiece."""
+
+    def classify(run_dir: Path, n_messages: int, *overrides: str):
+        locale = write_locale(tmp_path / f"locale{n_messages}", n_messages=n_messages)
+        cfg = compose_cfg(
+            "experiment=bert_classify", f"data.path={locale}", "data.languages=[de,fr,es]", "data.vocab_size=300",
+            "test=false", *TINY_MODEL, *TINY_TRAINER, *overrides,
+        )  # fmt: skip
+        cfg.paths.output_dir = cfg.trainer.default_root_dir = cfg.logger.csv.save_dir = str(run_dir)
+        cfg.callbacks.model_checkpoint.dirpath = str(run_dir / "checkpoints")
+        train(cfg)
+        return run_dir / "checkpoints" / "last.ckpt"
+
+    first = classify(tmp_path / "first", 10)
+    resumed = classify(tmp_path / "resumed", 15, "trainer.max_steps=6", f"ckpt_path={first}")
+    assert _saved_tokenizer(resumed) == _saved_tokenizer(first)
 
 
 def test_a_different_tokenizer_path_is_refused_naming_the_checkpoint(compose_cfg, tmp_path, tiny_lm_run):
