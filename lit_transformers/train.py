@@ -14,7 +14,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from lit_transformers.utils.checkpoints import check_task_fits, read_checkpoint
+from lit_transformers.utils.checkpoints import check_task_fits, read_checkpoint, use_checkpoint_tokenizers
 from lit_transformers.utils.cluster import launcher_rank
 from lit_transformers.utils.config import (
     RESOLVED_CONFIG_ENV,
@@ -91,14 +91,17 @@ def train(cfg: DictConfig) -> TrainResult:
         if path and not Path(path).is_file():  # before any data preparation
             raise FileNotFoundError(f"{key}={path} not found; pass the path of a .ckpt file")
 
-    datamodule: L.LightningDataModule = instantiate(cfg.data, _convert_="all")
     # the task builds its models, optimizer and schedule from its plain config (kept as its hyperparameters)
     task: L.LightningModule = instantiate(cfg.task, _recursive_=False, _convert_="all")
-    task.connect_data(datamodule)  # the one way a task gets its data: checked against what it declares
+    # resuming or evaluating: the checkpoint's task and model, and its tokenizer for the data
     if cfg.ckpt_path:
-        check_task_fits(
-            read_checkpoint(cfg.ckpt_path, "ckpt_path", cfg.trust_checkpoint), cfg.ckpt_path, task
-        )
+        checkpoint = read_checkpoint(cfg.ckpt_path, "ckpt_path", cfg.trust_checkpoint)
+        check_task_fits(checkpoint, cfg.ckpt_path, task)
+        # a trusted checkpoint may need unpickling, which the data's weights-only tokenizer loading refuses
+        copy_to = cfg.paths.output_dir if cfg.trust_checkpoint else None
+        use_checkpoint_tokenizers(cfg.data, checkpoint, cfg.ckpt_path, copy_to)
+    datamodule: L.LightningDataModule = instantiate(cfg.data, _convert_="all")
+    task.connect_data(datamodule)  # the one way a task gets its data: checked against what it declares
     callbacks = instantiate_group(cfg.get("callbacks"), "callbacks")
     loggers = instantiate_group(cfg.get("logger"), "logger")
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)

@@ -208,6 +208,8 @@ class TranslationDataModule(TextDataModule):
         """The BPE of ``side`` (joint, source or target): ``path``, or one trained on the training split."""
         h = self.hparams
         vocab_size = (h.src_vocab_size or h.vocab_size) if side == "source" else h.vocab_size
+        if side == "source" and path:  # a translation checkpoint's source side is its source_tokenizer
+            return Tokenizer.from_file(path, checkpoint_key="source_tokenizer")
         texts = lambda: [pair[i] for pair in self.splits["train"] for i in sides]  # noqa: E731
         return self.tokenizer_for(path, texts, vocab_size, part=side)
 

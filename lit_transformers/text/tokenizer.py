@@ -160,11 +160,16 @@ class Tokenizer:
         return cls.load_or_train(cache, texts, kind, vocab_size, lowercase=lowercase)
 
     @classmethod
-    def from_file(cls, path: str | Path, special_tokens: Mapping[str, str] | None = None) -> Tokenizer:
-        """A ``tokenizer.json``, a ``.ckpt`` written by train.py (the tokenizer it was trained with), a BERT
-        ``vocab.txt``, or a Hugging Face checkpoint directory holding either file. ``special_tokens``
-        default to GPT's roles, or those of the first of BERT and Marian whose tokens the file has all of
-        (always BERT's for vocab.txt)."""
+    def from_file(
+        cls,
+        path: str | Path,
+        special_tokens: Mapping[str, str] | None = None,
+        checkpoint_key: str = "tokenizer",
+    ) -> Tokenizer:
+        """A ``tokenizer.json``, a ``.ckpt`` written by train.py (the tokenizer it was trained with, its
+        ``checkpoint_key`` one: see :meth:`from_checkpoint`), a BERT ``vocab.txt``, or a Hugging Face checkpoint
+        directory holding either file. ``special_tokens`` default to GPT's roles, or those of the first of BERT
+        and Marian whose tokens the file has all of (always BERT's for vocab.txt)."""
         path = Path(path).expanduser()
         if path.is_dir():
             found = [path / name for name in ("tokenizer.json", "vocab.txt") if (path / name).is_file()]
@@ -176,7 +181,7 @@ class Tokenizer:
                 f"Tokenizer file {path} not found; pass a tokenizer.json, vocab.txt or .ckpt"
             )
         if path.suffix == ".ckpt":
-            return cls.from_checkpoint(path)
+            return cls.from_checkpoint(path, checkpoint_key)
         if path.suffix == ".txt":  # BERT vocab.txt: one WordPiece token per line
             backend = HFTokenizer(models.WordPiece.from_file(str(path), unk_token="[UNK]"))
             _bert_pipeline(backend, _hf_lowercase(path.parent))
@@ -195,10 +200,12 @@ class Tokenizer:
         return cls(backend, special_tokens)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path) -> Tokenizer:
-        """The tokenizer stored in a checkpoint's hyperparameters by a text task."""
+    def from_checkpoint(cls, path: str | Path, key: str = "tokenizer") -> Tokenizer:
+        """The tokenizer stored in a checkpoint's hyperparameters by a text task: its ``key`` one (a
+        translation's ``source_tokenizer`` when its source side has its own), else its ``tokenizer``."""
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        state = checkpoint.get("hyper_parameters", {}).get("tokenizer")
+        saved = checkpoint.get("hyper_parameters", {})
+        state = saved.get(key) or saved.get("tokenizer")
         if state is None:
             raise ValueError(f"{path} carries no tokenizer; it was not written by a text task")
         return cls.from_state(state)

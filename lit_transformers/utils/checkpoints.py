@@ -7,11 +7,20 @@ needs arbitrary unpickling is refused unless the user vouches for it with ``trus
 
 from __future__ import annotations
 
+import logging
+import os
 import pickle
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
+
+from lit_transformers.text import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# a datamodule's tokenizer arguments, each with the checkpoint hyperparameter holding the tokenizer it gives
+TOKENIZER_ARGUMENTS = {"tokenizer_path": "tokenizer", "source_tokenizer_path": "source_tokenizer"}
 
 
 def read_checkpoint(path: str | Path, key: str = "ckpt_path", trusted: bool = False) -> dict:
@@ -76,3 +85,49 @@ def check_task_fits(checkpoint: dict, path: str | Path, task, key: str = "ckpt_p
             f"{key}={path} was trained with another model config ({'; '.join(differ)}). Resume with the same "
             "model settings, or start a new run from its weights with init_from=... instead of ckpt_path"
         )
+
+
+def plain_tokenizers(saved: dict, folder: str | Path) -> Path:
+    """``folder``/checkpoint_tokenizers.ckpt: the tokenizers of a checkpoint's hyperparameters ``saved`` alone,
+    as plain data, which loads weights-only (the way every datamodule reads a tokenizer_path .ckpt)."""
+    copy = Path(folder) / "checkpoint_tokenizers.ckpt"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    tmp = copy.with_suffix(f".tmp{os.getpid()}")  # every DDP rank writes the same file: atomically
+    torch.save({"hyper_parameters": {held: saved.get(held) for held in TOKENIZER_ARGUMENTS.values()}}, tmp)
+    tmp.replace(copy)
+    return copy
+
+
+def use_checkpoint_tokenizers(
+    data: DictConfig,
+    checkpoint: dict,
+    path: str | Path,
+    copy_to: str | Path | None = None,
+    key: str = "ckpt_path",
+) -> None:
+    """Make the data of a run resumed or evaluated from ``checkpoint`` (at ``path``) tokenize as it was trained:
+    each tokenizer argument of ``data`` (:data:`TOKENIZER_ARGUMENTS`) left unset becomes ``path``, rather than
+    a tokenizer trained on data that may have changed since; one set to another tokenizer is refused. With
+    ``copy_to`` (a trusted checkpoint, which may need unpickling) it becomes a :func:`plain_tokenizers` copy
+    written there instead."""
+    saved = checkpoint.get("hyper_parameters", {})
+    readable = None
+    for argument, held in TOKENIZER_ARGUMENTS.items():
+        state = saved.get(held)
+        if state is None or argument not in data:
+            continue
+        if held == "source_tokenizer" and data.get("joint_vocab"):
+            raise ValueError(
+                f"{key}={path} was trained with a source tokenizer of its own (data.joint_vocab=false), this run "
+                "asks for one joint vocabulary; set data.joint_vocab=false"
+            )
+        given = data[argument]
+        if not given:
+            readable = readable or (plain_tokenizers(saved, copy_to) if copy_to else path)
+            data[argument] = str(readable)
+            log.info("%s: the data uses the checkpoint's tokenizer (data.%s=%s)", key, argument, readable)
+        elif Tokenizer.from_file(given, checkpoint_key=held) != Tokenizer.from_state(state):
+            raise ValueError(
+                f"data.{argument}={given} is not the tokenizer that {key}={path} was trained with, and its weights "
+                f"only fit that one; drop data.{argument} or set data.{argument}={path} to use the checkpoint's"
+            )
