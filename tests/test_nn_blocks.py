@@ -141,3 +141,17 @@ def test_feed_forward_width_activation_and_errors():
     assert DecoderBlock(8, 2).mlp.fc.out_features == 32  # default 4 * d_model
     with pytest.raises(ValueError, match="choose one of"):
         FeedForward(8, 16, activation="swishy")
+
+
+@pytest.mark.parametrize("family", ["GPT", "BERT", "Seq2Seq", "CLIP"])
+def test_a_model_built_by_hand_without_a_vocabulary_size_says_which_key_to_set(family):
+    from lit_transformers import models
+
+    config, model = {
+        "GPT": (models.GPTConfig, models.GPT),
+        "BERT": (models.BERTConfig, models.BERT),
+        "Seq2Seq": (models.Seq2SeqConfig, models.Seq2SeqTransformer),
+        "CLIP": (models.CLIPConfig, models.CLIP),
+    }[family]
+    with pytest.raises(ValueError, match="vocab_size is None: set it in the model config"):
+        model(config())

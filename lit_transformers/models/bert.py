@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lit_transformers.nn import EncoderBlock, LearnedPositions, MaskedLMHead, padding_mask
+from lit_transformers.nn import EncoderBlock, LearnedPositions, MaskedLMHead, padding_mask, token_embedding
 from lit_transformers.nn.attention import recorded_attention
 
 
@@ -41,7 +41,7 @@ class BERT(nn.Module):
     def __init__(self, config: BERTConfig):
         super().__init__()
         self.config = c = config
-        self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
+        self.tok_emb = token_embedding(c.vocab_size, c.d_model)
         self.pos_emb = LearnedPositions(c.max_position, c.d_model)
         self.type_emb = nn.Embedding(c.type_vocab_size, c.d_model)
         self.emb_norm = nn.LayerNorm(c.d_model, eps=c.norm_eps)

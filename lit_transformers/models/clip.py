@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lit_transformers.models.backbone import create_backbone
-from lit_transformers.nn import DecoderBlock, LearnedPositions
+from lit_transformers.nn import DecoderBlock, LearnedPositions, token_embedding
 
 
 @dataclass
@@ -33,7 +33,7 @@ class CLIP(nn.Module):
         self.config = c = config
         self.visual = create_backbone(**c.image, num_classes=0)  # pooled features, no classifier
         self.image_proj = nn.Linear(self.visual.num_features, c.embed_dim, bias=False)
-        self.token_embedding = nn.Embedding(c.vocab_size, c.text_width)
+        self.token_embedding = token_embedding(c.vocab_size, c.text_width)
         self.positions = LearnedPositions(c.context_length, c.text_width)
         self.blocks = nn.ModuleList(
             DecoderBlock(

@@ -17,6 +17,7 @@ from lit_transformers.nn import (
     RotaryEmbedding,
     absolute_positions,
     linear_cross_entropy,
+    token_embedding,
 )
 
 
@@ -46,7 +47,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.tok_emb = token_embedding(config.vocab_size, config.d_model)
         self.pos_emb = absolute_positions(config.position, config.block_size, config.d_model)
         head_dim = config.d_model // config.n_head
         self.rotary = RotaryEmbedding(head_dim, config.block_size) if config.position == "rope" else None

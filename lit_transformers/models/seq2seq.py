@@ -26,6 +26,7 @@ from lit_transformers.nn import (
     generate,
     linear_cross_entropy,
     padding_mask,
+    token_embedding,
 )
 from lit_transformers.nn.beam import beam_search
 
@@ -109,7 +110,7 @@ class Seq2SeqTransformer(nn.Module):
                 f"share_embeddings needs one vocabulary, got src_vocab_size={src_vocab} and vocab_size="
                 f"{c.vocab_size}; set model.share_embeddings=false for separate vocabularies"
             )
-        self.tgt_emb = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        self.tgt_emb = token_embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
         self.src_emb = self.tgt_emb if c.share_embeddings else nn.Embedding(src_vocab, c.d_model, c.pad_id)
         self.pos_emb = absolute_positions(c.position, c.max_len, c.d_model)
         self.rotary = RotaryEmbedding(c.d_model // c.n_head, c.max_len) if c.position == "rope" else None

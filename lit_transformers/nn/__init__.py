@@ -22,6 +22,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "FeedForward",
             "LayerCache",
             "TransformerBlock",
+            "token_embedding",
         ],
         "generation": ["generate", "logprobs_of", "padded_forward", "sample_next", "token_logprobs"],
         "heads": ["ClassifierHead", "LMHead", "MaskedLMHead", "ScalarHead"],

@@ -25,6 +25,16 @@ def activation_module(name: str) -> nn.Module:
     return ACTIVATIONS[name]()
 
 
+def token_embedding(vocab_size: int | None, dim: int, **kwargs) -> nn.Embedding:
+    """An ``nn.Embedding`` over a vocabulary, refusing the ``vocab_size=None`` that model configs default to
+    (a task fills it from its tokenizer; a model built by hand must set it)."""
+    if vocab_size is None:
+        raise ValueError(
+            "vocab_size is None: set it in the model config (the tasks take it from their tokenizer)"
+        )
+    return nn.Embedding(vocab_size, dim, **kwargs)
+
+
 class FeedForward(nn.Module):
     """Position-wise FFN: Linear(d, d_ff) -> activation -> Linear(d_ff, d) -> dropout."""
 
