@@ -134,7 +134,7 @@ def remove_if_only_config(run_dir: Path) -> None:
         if f not in kept:
             (run_dir / f).unlink()
     for folder in run_dir.iterdir():  # .hydra/, csv/, checkpoints/: they held config files only
-        if folder.is_dir():
+        if folder.is_dir() and folder.name not in kept:
             shutil.rmtree(folder)
     if not kept:
         run_dir.rmdir()
