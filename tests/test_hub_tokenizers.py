@@ -9,7 +9,7 @@ import torch
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from lit_transformers.text import IGNORE_INDEX, Tokenizer, encode_chat, render_chat
+from lit_transformers.text import IGNORE_INDEX, Tokenizer, encode_chat, encode_prompt_completion, render_chat
 
 transformers = pytest.importorskip("transformers")
 
@@ -179,6 +179,16 @@ def test_special_tokens_and_end_of_turn_ids_come_from_the_saved_directory(tmp_pa
     assert ours.end_of_turn_ids == [hf.convert_tokens_to_ids("<|im_end|>")]
 
 
+@pytest.mark.parametrize(
+    "save_jinja_files", [True, False], ids=["chat_template.jinja", "in tokenizer_config"]
+)
+def test_of_several_named_chat_templates_the_default_one_is_used(tmp_path, save_jinja_files):
+    templates = {"default": CHATML_TEMPLATE, "tool_use": "{{ raise_exception('tools') }}"}
+    hf = _chatml(tmp_path, template=templates, save_jinja_files=save_jinja_files)
+    assert hf.chat_template == templates
+    assert Tokenizer.from_file(tmp_path).chat_template == CHATML_TEMPLATE
+
+
 def test_a_base_models_end_of_turn_comes_from_its_chat_template(tmp_path):
     """A base Qwen2 tokenizer's EOS is <|endoftext|>, yet its template ends assistant turns with <|im_end|>:
     generation after SFT on that template must stop at either."""
@@ -246,6 +256,27 @@ def test_assistant_only_labels_cover_exactly_the_assistant_turns(
     assert trained == f"I am fine, thank you.{end}A man is eating padding.{end}"
 
 
+@pytest.mark.parametrize("family", ["llama3", "chatml"])
+def test_a_conversational_prompt_and_completion_split_where_generation_starts(tmp_path, family):
+    """DPO's and the reward model's records: the prompt's ids are transformers' with the generation prompt, the
+    completion's follow them in the whole conversation's ids, through the end-of-turn token."""
+    hf = (_llama3 if family == "llama3" else _chatml)(tmp_path)
+    ours = Tokenizer.from_file(tmp_path)
+    prompt, completion = CONVERSATION[:4], CONVERSATION[4:]
+    prompt_ids, completion_ids = encode_prompt_completion(ours, prompt, completion)
+    assert (
+        prompt_ids
+        == hf.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)["input_ids"]
+    )
+    whole = hf.apply_chat_template(CONVERSATION, return_dict=True)["input_ids"]
+    assert whole[: len(prompt_ids) + len(completion_ids)] == prompt_ids + completion_ids
+    assert (
+        hf.decode(whole[len(prompt_ids) + len(completion_ids) :]).strip() == ""
+    )  # ChatML's newline after the turn
+    end = "<|eot_id|>" if family == "llama3" else "<|im_end|>"
+    assert ours.decode(completion_ids, skip_special_tokens=False) == f"A man is eating padding.{end}"
+
+
 # ---- refusals ------------------------------------------------------------------------------------
 
 
@@ -261,6 +292,20 @@ def test_bad_conversations_are_refused_naming_the_fix(tmp_path):
     plain = Tokenizer.train(TEXTS, vocab_size=300)
     with pytest.raises(ValueError, match="has no chat_template.*set data.tokenizer_path"):
         encode_chat(plain, CONVERSATION)
+
+
+def test_a_template_that_rewrites_earlier_turns_needs_generation_blocks_for_assistant_labels(tmp_path):
+    counting = (
+        "{{ messages | length }}{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    )
+    _chatml(tmp_path, template=counting)
+    ours = Tokenizer.from_file(tmp_path)
+    with pytest.raises(
+        ValueError, match="does not render the first 3 messages.*prefix of the whole.*generation"
+    ):
+        encode_chat(ours, CONVERSATION)
+    with pytest.raises(ValueError, match="does not render the first 5 messages"):
+        encode_prompt_completion(ours, CONVERSATION[:4], CONVERSATION[4:])
 
 
 def test_a_template_that_raises_is_reported_with_its_message(tmp_path):

@@ -8,7 +8,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
     __name__,
     {
         "batching": ["eos_terminated", "left_pad", "pad_pairs", "right_pad"],
-        "chat": ["ChatTokens", "check_messages", "encode_chat", "render_chat"],
+        "chat": ["ChatTokens", "check_messages", "encode_chat", "encode_prompt_completion", "render_chat"],
         "mlm": ["SentencePair", "build_nsp_pairs", "mask_tokens", "pack_pair", "split_sentences"],
         "splits": ["hashed_order", "split_by_fractions"],
         "tokenizer": ["BERT_SPECIAL_TOKENS", "MARIAN_SPECIAL_TOKENS", "SPECIAL_TOKENS", "Tokenizer"],

@@ -195,30 +195,62 @@ def encode_chat(
     return ChatTokens(encoding.ids, mask)
 
 
+def encode_prompt_completion(
+    tokenizer: Tokenizer, prompt: Sequence[Mapping], completion: Sequence[Mapping]
+) -> tuple[list[int], list[int]]:
+    """TRL's conversational prompt/completion records (DPO's and the reward model's ``prompt`` with its
+    ``chosen`` or ``rejected`` messages): the ids of the prompt as generation sees it (ending in the generation
+    prompt, e.g. ``<|im_start|>assistant\n``) and those of the completion after it, through its end-of-turn
+    token. Each text is tokenized on its own, as TRL does, so the prompt's ids are exactly what a rollout
+    starts from."""
+    template = _template_of(tokenizer)
+    prompt, completion = check_messages(prompt), check_messages(completion)
+    if not completion:
+        raise ValueError(
+            "A conversational completion (chosen/rejected) is empty; give it its assistant message"
+        )
+    messages = [*prompt, *completion]
+    start, end, text = _added_span(template, messages, len(prompt), len(messages), tokenizer.special_tokens)
+    return tokenizer.encode(text[:start]), tokenizer.encode(text[start:end])
+
+
 def _assistant_spans_by_prefixes(
     template: str, messages: list[dict], special_tokens: Mapping[str, str], text: str
 ) -> list[tuple[int, int]]:
     """Without ``{% generation %}`` blocks (most Hub templates), an assistant turn is what its message adds
-    to the text, found as TRL's ``apply_chat_template`` splits a conversational prompt from its completion:
-    the rendering up to it minus the rendering of the messages before it with the generation prompt (its
-    header), less trailing whitespace (ChatML's newline after ``<|im_end|>``, which generation never
-    produces: it stops at the end-of-turn token). This needs each prefix of the conversation to render as a
-    prefix of the whole, which is checked."""
+    to the text (:func:`_added_span`)."""
     spans = []
     for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        before = render(template, messages[:i], special_tokens, add_generation_prompt=True)
-        through = render(template, messages[: i + 1], special_tokens)
-        if not (text.startswith(through) and through.startswith(before)):
-            raise ValueError(
-                f"The chat_template does not render the first {i + 1} messages of this conversation as a prefix "
-                "of the whole (templates that rewrite earlier turns, e.g. dropping past reasoning, do not), so "
-                "its assistant turns cannot be found by rendering prefixes; use a template that wraps assistant "
-                "content in {% generation %} ... {% endgeneration %}, as TRL's assistant_only_loss requires"
-            )
-        spans.append((len(before), len(through.rstrip())))
+        if message["role"] == "assistant":
+            start, end, through = _added_span(template, messages, i, i + 1, special_tokens)
+            if not text.startswith(through):
+                raise _not_a_prefix(i + 1)
+            spans.append((start, end))
     return spans
+
+
+def _added_span(
+    template: str, messages: list[dict], start: int, stop: int, special_tokens: Mapping[str, str]
+) -> tuple[int, int, str]:
+    """The characters ``messages[start:stop]`` add, found as TRL's ``apply_chat_template`` splits a
+    conversational prompt from its completion: the rendering of ``messages[:stop]`` minus that of the messages
+    before with the generation prompt (the turn's header), less trailing whitespace (ChatML's newline after
+    ``<|im_end|>``, which generation never produces: it stops at the end-of-turn token); and that rendering.
+    This needs the template to render a prefix of the conversation as a prefix of the whole, which is checked."""
+    before = render(template, messages[:start], special_tokens, add_generation_prompt=True)
+    through = render(template, messages[:stop], special_tokens)
+    if not through.startswith(before):
+        raise _not_a_prefix(stop)
+    return len(before), len(through.rstrip()), through
+
+
+def _not_a_prefix(n: int) -> ValueError:
+    return ValueError(
+        f"The chat_template does not render the first {n} messages of this conversation as a prefix of the whole "
+        "(templates that rewrite earlier turns, e.g. dropping past reasoning, do not), so the text a turn adds "
+        "cannot be told apart; use a template that only appends turns (for SFT, one that wraps assistant content "
+        "in {% generation %} ... {% endgeneration %} also does, as TRL's assistant_only_loss requires)"
+    )
 
 
 def turn_end_token(template: str, special_tokens: Mapping[str, str], backend: HFTokenizer) -> str | None:

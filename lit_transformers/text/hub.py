@@ -1,8 +1,10 @@
 """What a Hugging Face tokenizer directory says beside its ``tokenizer.json``, read as ``transformers`` reads
-it: ``tokenizer_config.json`` (special tokens by role, added tokens, ``chat_template``), the legacy
+it: ``tokenizer_config.json`` (special tokens by role, ``chat_template``), the legacy
 ``special_tokens_map.json`` (overriding the config's roles, as ``transformers`` merges it),
 ``chat_template.jinja`` (where ``transformers`` >= 4.50 saves the template; it wins over the config's) and
-``generation_config.json`` (``eos_token_id``: the ids generation stops at, often several)."""
+``generation_config.json`` (``eos_token_id``: the ids generation stops at, often several). Added tokens
+(``<|im_start|>``...) come from tokenizer.json, which holds them all wherever ``transformers`` writes one (the
+config's ``added_tokens_decoder`` repeats them)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenizers import AddedToken
 from tokenizers import Tokenizer as HFTokenizer
 
 from lit_transformers.text.chat import turn_end_token
@@ -20,7 +21,6 @@ from lit_transformers.text.chat import turn_end_token
 log = logging.getLogger(__name__)
 
 ROLES = ("pad", "bos", "eos", "unk", "cls", "sep", "mask")
-_ADDED_TOKEN_FIELDS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
 
 
 @dataclass
@@ -29,19 +29,15 @@ class HubTokenizerFiles:
     roles: dict[str, str] = field(default_factory=dict)  # role -> token, the ones the files name
     chat_template: str | None = None
     stop_ids: list[int] = field(default_factory=list)  # generation_config.json's eos_token_id
-    added_tokens: dict[int, dict] = field(
-        default_factory=dict
-    )  # id -> AddedToken fields (content, special...)
     do_lower_case: bool = True  # a vocab.txt's BERT normalisation (BERT's default: uncased)
 
     def special_tokens(
         self, backend: HFTokenizer, given: Mapping[str, str] | None, guessed: Mapping[str, str]
     ) -> tuple[dict[str, str], list[str]]:
-        """(role -> token, end-of-turn tokens) for ``backend``, after adding the config's added tokens to it.
-        The roles are ``given``, else the files', else ``guessed`` (when the files name none). Roles read from
-        the files without a pad token pad with EOS (TRL's rule; our batches mask padding by the attention mask
-        or the lengths, never by comparing ids, so a real EOS is still a label)."""
-        self._add_tokens(backend)
+        """(role -> token, end-of-turn tokens) for ``backend``. The roles are ``given``, else the files', else
+        ``guessed`` (when the files name none). Roles read from the files without a pad token pad with EOS
+        (TRL's rule; our batches mask padding by the attention mask or the lengths, never by comparing ids, so
+        a real EOS is still a label)."""
         roles = dict(given or self.roles or guessed)
         if not given and self.roles and "pad" not in roles and "eos" in roles:
             roles["pad"] = roles["eos"]
@@ -52,21 +48,6 @@ class HubTokenizerFiles:
                 roles["eos"],
             )
         return roles, self._end_of_turn(backend, roles)
-
-    def _add_tokens(self, backend: HFTokenizer) -> None:
-        """The added tokens tokenizer_config.json lists, as transformers loads them: a missing one is added, a
-        special one the backend treats as text is made special (same id); each must keep the config's id."""
-        for i, fields in sorted(self.added_tokens.items()):
-            token = AddedToken(**{k: v for k, v in fields.items() if k in _ADDED_TOKEN_FIELDS})
-            known = backend.get_added_tokens_decoder().get(backend.token_to_id(token.content))
-            if known is None or (token.special and not known.special):
-                (backend.add_special_tokens if token.special else backend.add_tokens)([token])
-            if backend.token_to_id(token.content) != i:
-                raise ValueError(
-                    f"{self.directory}/tokenizer_config.json lists added token {token.content!r} as id {i} but "
-                    f"tokenizer.json gives it id {backend.token_to_id(token.content)}; the files come from "
-                    "different tokenizers: restore both from the model's Hub repository"
-                )
 
     def _end_of_turn(self, backend: HFTokenizer, roles: Mapping[str, str]) -> list[str]:
         """EOS, then generation_config.json's eos_token_id(s), then the token the chat template closes an
@@ -119,6 +100,5 @@ def read_hub_files(directory: Path) -> HubTokenizerFiles:
         roles={role: token for role, token in roles.items() if token},
         chat_template=template or _default_template(config.get("chat_template")),
         stop_ids=[] if stop is None else [stop] if isinstance(stop, int) else list(stop),
-        added_tokens={int(i): token for i, token in config.get("added_tokens_decoder", {}).items()},
         do_lower_case=bool(config.get("do_lower_case", True)),
     )
