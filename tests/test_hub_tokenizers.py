@@ -334,3 +334,26 @@ def test_a_state_written_before_chat_templates_still_loads():
     reloaded = Tokenizer.from_state(old)
     assert reloaded == tokenizer
     assert reloaded.chat_template is None and reloaded.end_of_turn_ids == [tokenizer.eos_id]
+
+
+@pytest.mark.parametrize("source", ["hub", "trained"])
+def test_save_pretrained_writes_a_directory_transformers_loads(tmp_path, source):
+    if source == "hub":
+        original = _llama3(tmp_path / "hub")
+        ours = Tokenizer.from_file(tmp_path / "hub")
+    else:
+        ours = Tokenizer.train(TEXTS, vocab_size=300)
+    ours.save_pretrained(tmp_path / "export")
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "export"))
+    text = "A man is eating food."
+    assert hf(text, add_special_tokens=False)["input_ids"] == ours.encode(text)
+    assert (hf.pad_token_id, hf.bos_token_id, hf.eos_token_id) == (ours.pad_id, ours.bos_id, ours.eos_id)
+    reloaded = Tokenizer.from_file(tmp_path / "export")
+    assert (reloaded.special_tokens, reloaded.chat_template) == (ours.special_tokens, ours.chat_template)
+    if source == "hub":
+        options = dict(add_generation_prompt=True, return_dict=True)
+        assert hf.apply_chat_template(CONVERSATION, **options) == original.apply_chat_template(
+            CONVERSATION, **options
+        )
+    else:
+        assert reloaded == ours

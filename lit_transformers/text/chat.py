@@ -140,7 +140,8 @@ def _render_with_spans(
     blocks: list[str] = []
     try:
         with compiled.environment.generation_spans.recording(blocks) as spans:
-            blocks.extend(compiled.generate(**variables))
+            for block in compiled.generate(**variables):  # one at a time: a span's start is the text so far
+                blocks.append(block)
     except jinja2.exceptions.TemplateError as e:
         raise ValueError(
             f"The tokenizer's chat_template refused the conversation: {e}. Fix the records to follow the "

@@ -102,3 +102,19 @@ def read_hub_files(directory: Path) -> HubTokenizerFiles:
         stop_ids=[] if stop is None else [stop] if isinstance(stop, int) else list(stop),
         do_lower_case=bool(config.get("do_lower_case", True)),
     )
+
+
+def write_hub_files(
+    directory: Path, backend: HFTokenizer, special_tokens: Mapping[str, str], chat_template: str | None
+) -> None:
+    """``tokenizer.json`` and a ``tokenizer_config.json`` naming the special tokens by role (ours are
+    transformers' roles) and holding the chat template (where every transformers version reads it), so
+    ``AutoTokenizer.from_pretrained`` and :func:`read_hub_files` both load the directory. Stop ids beyond EOS
+    belong to the model's ``generation_config.json``, which its export writes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    backend.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    config.update({f"{role}_token": token for role, token in special_tokens.items()})
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")

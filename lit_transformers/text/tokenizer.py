@@ -19,7 +19,7 @@ import torch
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-from lit_transformers.text.hub import read_hub_files
+from lit_transformers.text.hub import read_hub_files, write_hub_files
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +261,10 @@ class Tokenizer:
     def save(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.backend.save(str(path))
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """A Hugging Face tokenizer directory (:func:`.hub.write_hub_files`): what a ``to_hf`` export ships."""
+        write_hub_files(Path(directory), self.backend, self.special_tokens, self.chat_template)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Tokenizer) and self.state() == other.state()
