@@ -333,6 +333,9 @@ def test_a_state_written_before_chat_templates_still_loads():
     old = {"json": tokenizer.backend.to_str(), "special_tokens": dict(tokenizer.special_tokens)}
     reloaded = Tokenizer.from_state(old)
     assert reloaded == tokenizer
+    padded = HFTokenizer.from_str(old["json"])
+    padded.enable_padding(pad_id=tokenizer.pad_id, pad_token="<|pad|>", length=64)  # a Hub file's, trained on
+    assert Tokenizer.from_state({**old, "json": padded.to_str()}).encode("A man") == tokenizer.encode("A man")
     assert reloaded.chat_template is None and reloaded.end_of_turn_ids == [tokenizer.eos_id]
 
 

@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 
     from lit_transformers.text.tokenizer import Tokenizer
 
-ROLES = ("system", "user", "assistant", "tool")
-# the template variables transformers passes, from the tokenizer's named special tokens
-TEMPLATE_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
+MESSAGE_ROLES = ("system", "user", "assistant", "tool")
+# transformers' named special tokens: the template's bos_token, eos_token... and tokenizer_config.json's keys
+SPECIAL_ROLES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 _GENERATION_BLOCK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _SENTINEL = "LIT_TRANSFORMERS_TURN_END_PROBE"
 
@@ -102,9 +102,9 @@ def check_messages(messages: object) -> list[dict]:
                 f"Message {i} of the conversation is {message!r}; each message must be a mapping with a 'role' "
                 "and a 'content' key, as TRL's conversational records are"
             )
-        if message["role"] not in ROLES:
+        if message["role"] not in MESSAGE_ROLES:
             raise ValueError(
-                f"Message {i} of the conversation has role {message['role']!r}; roles are {', '.join(ROLES)}. "
+                f"Message {i} of the conversation has role {message['role']!r}; roles are {', '.join(MESSAGE_ROLES)}. "
                 "Rename it in the data (ShareGPT's 'human'/'gpt' are 'user'/'assistant')"
             )
         if not isinstance(message["content"], str):
@@ -133,7 +133,7 @@ def _render_with_spans(
 ) -> tuple[str, list[tuple[int, int]]]:
     """The rendered text and the (start, end) characters of each of its ``{% generation %}`` blocks."""
     compiled = _compile(template)
-    variables = {f"{role}_token": special_tokens[role] for role in TEMPLATE_ROLES if role in special_tokens}
+    variables = {f"{role}_token": special_tokens[role] for role in SPECIAL_ROLES if role in special_tokens}
     variables.update(
         messages=list(messages), tools=None, documents=None, add_generation_prompt=add_generation_prompt
     )

@@ -16,11 +16,9 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from lit_transformers.text.chat import turn_end_token
+from lit_transformers.text.chat import SPECIAL_ROLES, turn_end_token
 
 log = logging.getLogger(__name__)
-
-ROLES = ("pad", "bos", "eos", "unk", "cls", "sep", "mask")
 
 
 @dataclass
@@ -91,7 +89,7 @@ def read_hub_files(directory: Path) -> HubTokenizerFiles:
     """The files of ``directory`` (none there: nothing configured, and the roles are guessed)."""
     config = _read_json(directory / "tokenizer_config.json")
     named = {**config, **_read_json(directory / "special_tokens_map.json")}
-    roles = {role: _content(named.get(f"{role}_token")) for role in ROLES}
+    roles = {role: _content(named.get(f"{role}_token")) for role in SPECIAL_ROLES}
     template_file = directory / "chat_template.jinja"
     template = template_file.read_text(encoding="utf-8") if template_file.is_file() else None
     stop = _read_json(directory / "generation_config.json").get("eos_token_id")
