@@ -84,17 +84,22 @@ def _save(directory, backend: HFTokenizer, stop_tokens=(), save_jinja_files=True
     return transformers.AutoTokenizer.from_pretrained(str(directory))
 
 
-def _llama3(directory, template=LLAMA3_TEMPLATE, **options):
-    """A Llama-3-Instruct-style directory: BOS added by a post-processor, EOS <|eot_id|>, no pad token, and a
-    generation config stopping at <|end_of_text|> and <|eot_id|>."""
+def _llama3_backend() -> HFTokenizer:
+    """Llama-3's special tokens, and a post-processor adding BOS (which transformers applies by default)."""
     backend = _bpe(LLAMA3)
     backend.post_processor = processors.TemplateProcessing(
         single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 0)]
     )
+    return backend
+
+
+def _llama3(directory, template=LLAMA3_TEMPLATE, **options):
+    """A Llama-3-Instruct-style directory: BOS added by a post-processor, EOS <|eot_id|>, no pad token, and a
+    generation config stopping at <|end_of_text|> and <|eot_id|>."""
     stops = ["<|end_of_text|>", "<|eot_id|>"]
     return _save(
         directory,
-        backend,
+        _llama3_backend(),
         stops,
         bos_token="<|begin_of_text|>",
         eos_token="<|eot_id|>",
@@ -120,11 +125,7 @@ def _bert_wordpiece() -> HFTokenizer:
 @pytest.mark.parametrize("family", ["bert", "llama"])
 def test_a_tokenizer_json_saved_with_padding_and_truncation_encodes_like_transformers(tmp_path, family):
     """sentence-transformers ship tokenizer.json with padding to 128 on: encode must give the text's ids only."""
-    backend = _bert_wordpiece() if family == "bert" else _bpe(LLAMA3)
-    if family == "llama":  # transformers adds BOS by default, ours never: compare add_special_tokens=False
-        backend.post_processor = processors.TemplateProcessing(
-            single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 0)]
-        )
+    backend = _bert_wordpiece() if family == "bert" else _llama3_backend()
     pad = "[PAD]" if family == "bert" else "<|end_of_text|>"
     backend.enable_padding(pad_id=backend.token_to_id(pad), pad_token=pad, length=128)
     backend.enable_truncation(max_length=4)
@@ -145,7 +146,7 @@ def test_a_tokenizer_json_saved_with_padding_and_truncation_encodes_like_transfo
             expected,
             hf("A man", add_special_tokens=False)["input_ids"],
         ]
-    if family == "llama":
+    if family == "llama":  # transformers adds BOS by default, ours never: hence add_special_tokens=False
         assert hf(text)["input_ids"] == [ours.bos_id, *expected]
     else:
         assert ours.special_tokens == {
