@@ -11,6 +11,8 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from lit_transformers.text import IGNORE_INDEX, Tokenizer, encode_chat, encode_prompt_completion, render_chat
 
+from conftest import assert_user_error
+
 transformers = pytest.importorskip("transformers")
 
 TEXTS = [
@@ -284,15 +286,17 @@ def test_a_conversational_prompt_and_completion_split_where_generation_starts(tm
 def test_bad_conversations_are_refused_naming_the_fix(tmp_path):
     _chatml(tmp_path)
     ours = Tokenizer.from_file(tmp_path)
-    with pytest.raises(ValueError, match="role 'gpt'; roles are system, user, assistant, tool. Rename it"):
-        render_chat(ours, [{"role": "user", "content": "hi"}, {"role": "gpt", "content": "hello"}])
-    with pytest.raises(ValueError, match="content of type list; content must be a string: join"):
-        encode_chat(ours, [{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
-    with pytest.raises(ValueError, match="must be a mapping with a 'role' and a 'content' key"):
-        encode_chat(ours, [{"role": "user"}])
+    unknown_role = [{"role": "user", "content": "hi"}, {"role": "gpt", "content": "hello"}]
+    assert_user_error(
+        lambda: render_chat(ours, unknown_role), "role 'gpt'", "system, user, assistant, tool", "Rename"
+    )
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+    assert_user_error(lambda: encode_chat(ours, parts), "content of type list", "join a list of text parts")
+    assert_user_error(
+        lambda: encode_chat(ours, [{"role": "user"}]), "a mapping with a 'role' and a 'content' key"
+    )
     plain = Tokenizer.train(TEXTS, vocab_size=300)
-    with pytest.raises(ValueError, match="has no chat_template.*set data.tokenizer_path"):
-        encode_chat(plain, CONVERSATION)
+    assert_user_error(lambda: encode_chat(plain, CONVERSATION), "no chat_template", "set data.tokenizer_path")
 
 
 def test_a_template_that_rewrites_earlier_turns_needs_generation_blocks_for_assistant_labels(tmp_path):
