@@ -113,6 +113,7 @@ def check_messages(messages: object) -> list[dict]:
                 f"{type(message['content']).__name__}; content must be a string: join a list of text parts into "
                 "one string (images and other media are not supported)"
             )
+        # keys set to None dropped, as transformers does: templates test for a key, not for a None value
         checked.append({key: value for key, value in message.items() if value is not None})
     return checked
 
