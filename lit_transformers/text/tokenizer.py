@@ -19,6 +19,8 @@ import torch
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
+from lit_transformers.text.hub import read_hub_files, write_hub_files
+
 log = logging.getLogger(__name__)
 
 # role -> token string; GPT-style defaults. PAD != BOS != EOS so padding is never mistaken for a stop.
@@ -35,11 +37,25 @@ KINDS = ("bpe", "char", "wordpiece")
 class Tokenizer:
     """Thin wrapper over a ``tokenizers.Tokenizer`` exposing the special-token ids tasks need by role."""
 
-    def __init__(self, backend: HFTokenizer, special_tokens: Mapping[str, str] = SPECIAL_TOKENS):
+    def __init__(
+        self,
+        backend: HFTokenizer,
+        special_tokens: Mapping[str, str] = SPECIAL_TOKENS,
+        chat_template: str | None = None,
+        end_of_turn: Sequence[str] | None = None,
+    ):
+        """``chat_template``: the Jinja template conversations are rendered with (:mod:`.chat`);
+        ``end_of_turn``: the tokens generation may stop at, by default EOS alone."""
+        backend.no_padding()  # our collators pad: a file's own fixed-length padding would pad every encode
+        backend.no_truncation()
         self.backend = backend
         self.special_tokens = dict(special_tokens)
+        self.chat_template = chat_template
+        eos = [self.special_tokens["eos"]] if "eos" in self.special_tokens else []
+        self.end_of_turn = list(dict.fromkeys(eos if end_of_turn is None else end_of_turn))
         self.ids = {role: backend.token_to_id(token) for role, token in self.special_tokens.items()}
         absent = [self.special_tokens[role] for role, i in self.ids.items() if i is None]
+        absent += [token for token in self.end_of_turn if backend.token_to_id(token) is None]
         if absent:
             raise ValueError(f"Tokenizer lacks special tokens {absent}; train it with these special_tokens")
 
@@ -59,6 +75,12 @@ class Tokenizer:
     @property
     def eos_id(self) -> int:
         return self.special_id("eos")
+
+    @property
+    def end_of_turn_ids(self) -> list[int]:
+        """The ids that end a turn (EOS, the model's other stop ids, its chat template's turn end, e.g.
+        Llama-3's ``<|end_of_text|>`` and ``<|eot_id|>``): generation may stop at any of them."""
+        return [self.backend.token_to_id(token) for token in self.end_of_turn]
 
     def id_to_token(self, i: int) -> str | None:
         return self.backend.id_to_token(i)
@@ -168,8 +190,12 @@ class Tokenizer:
     ) -> Tokenizer:
         """A ``tokenizer.json``, a ``.ckpt`` written by train.py (the tokenizer it was trained with, its
         ``checkpoint_key`` one: see :meth:`from_checkpoint`), a BERT ``vocab.txt``, or a Hugging Face checkpoint
-        directory holding either file. ``special_tokens`` default to GPT's roles, or those of the first of BERT
-        and Marian whose tokens the file has all of (always BERT's for vocab.txt)."""
+        directory holding either file. The file's own padding and truncation are switched off (our collators
+        pad). A Hugging Face directory's ``tokenizer_config.json`` (see :mod:`.hub`) gives the special tokens,
+        the chat template and, with ``generation_config.json``, the end-of-turn tokens; without a pad token,
+        it pads with EOS (TRL's rule: padding is masked by the attention mask, never by its id, so a real EOS
+        stays a label). Without such a config ``special_tokens`` default to GPT's roles, or those of the first
+        of BERT and Marian whose tokens the file has all of (always BERT's for vocab.txt)."""
         path = Path(path).expanduser()
         if path.is_dir():
             found = [path / name for name in ("tokenizer.json", "vocab.txt") if (path / name).is_file()]
@@ -182,14 +208,15 @@ class Tokenizer:
             )
         if path.suffix == ".ckpt":
             return cls.from_checkpoint(path, checkpoint_key)
+        hub = read_hub_files(path.parent)
         if path.suffix == ".txt":  # BERT vocab.txt: one WordPiece token per line
             backend = HFTokenizer(models.WordPiece.from_file(str(path), unk_token="[UNK]"))
-            _bert_pipeline(backend, _hf_lowercase(path.parent))
-            return cls(backend, special_tokens or BERT_SPECIAL_TOKENS)
-        backend = HFTokenizer.from_file(str(path))
-        if special_tokens is None:
+            _bert_pipeline(backend, hub.do_lower_case)
+            guessed = BERT_SPECIAL_TOKENS
+        else:
+            backend = HFTokenizer.from_file(str(path))
             has = lambda tokens: all(backend.token_to_id(t) is not None for t in tokens.values())  # noqa: E731
-            special_tokens = next(
+            guessed = next(
                 (
                     roles
                     for roles in (SPECIAL_TOKENS, BERT_SPECIAL_TOKENS, MARIAN_SPECIAL_TOKENS)
@@ -197,7 +224,8 @@ class Tokenizer:
                 ),
                 SPECIAL_TOKENS,
             )
-        return cls(backend, special_tokens)
+        roles, end_of_turn = hub.special_tokens(backend, special_tokens, guessed)
+        return cls(backend, roles, hub.chat_template, end_of_turn)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, key: str = "tokenizer") -> Tokenizer:
@@ -211,16 +239,32 @@ class Tokenizer:
         return cls.from_state(state)
 
     def state(self) -> dict:
-        """Plain-data form (JSON string + special-token roles) that checkpoints store."""
-        return {"json": self.backend.to_str(), "special_tokens": dict(self.special_tokens)}
+        """Plain-data form (JSON string, special-token roles, chat template, end-of-turn tokens) that
+        checkpoints store."""
+        return {
+            "json": self.backend.to_str(),
+            "special_tokens": dict(self.special_tokens),
+            "chat_template": self.chat_template,
+            "end_of_turn": list(self.end_of_turn),
+        }
 
     @classmethod
     def from_state(cls, state: Mapping) -> Tokenizer:
-        return cls(HFTokenizer.from_str(state["json"]), state["special_tokens"])
+        """Also a state written before chat templates (JSON and roles only): no template, EOS ends a turn."""
+        return cls(
+            HFTokenizer.from_str(state["json"]),
+            state["special_tokens"],
+            state.get("chat_template"),
+            state.get("end_of_turn"),
+        )
 
     def save(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.backend.save(str(path))
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """A Hugging Face tokenizer directory (:func:`.hub.write_hub_files`): what a ``to_hf`` export ships."""
+        write_hub_files(Path(directory), self.backend, self.special_tokens, self.chat_template)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Tokenizer) and self.state() == other.state()
@@ -249,11 +293,3 @@ def _bert_pipeline(backend: HFTokenizer, lowercase: bool) -> None:
     )
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     backend.decoder = decoders.WordPiece(prefix="##")
-
-
-def _hf_lowercase(directory: Path) -> bool:
-    """``do_lower_case`` of a Hugging Face tokenizer_config.json beside a vocab.txt (BERT's default: True)."""
-    config = directory / "tokenizer_config.json"
-    if config.is_file():
-        return bool(json.loads(config.read_text()).get("do_lower_case", True))
-    return True
