@@ -34,45 +34,122 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lit_transformers.callbacks import Interrupted
 from lit_transformers.tasks import SFTTask
+from lit_transformers.tasks.base import parent_model_config
 from lit_transformers.tasks.instruct import decode_responses, rollout
 from lit_transformers.text import left_pad
 from lit_transformers.text.instructions import judge
 from lit_transformers.train import train
+from lit_transformers.utils.checkpoints import read_checkpoint
 from lit_transformers.utils.config import ConfigError, check_required, check_types
 from lit_transformers.utils.errors import report_user_errors
+from lit_transformers.utils.run_folder import keep_earlier_csv_logs
+from lit_transformers.utils.run_report import report_interruptions, this_command
 
 log = logging.getLogger(__name__)
 
 PROMPTS_PER_ROLLOUT = 64  # the label stage samples this many prompts (x samples_per_prompt) at once
-PARENTS = {"pretrain": None, "sft": "pretrain", "label": "sft", "reward": "sft", "ppo": "sft", "dpo": "sft"}
+# the checkpoints each stage starts from: its init_from key ("model": the whole init_from of a one-model task; the
+# label stage samples it) -> the stage that trains that model; the first one gives the tokenizer and model config
+NEEDS = {
+    "pretrain": {},
+    "sft": {"model": "pretrain"},
+    "label": {"model": "sft"},
+    "reward": {"model": "sft"},
+    "ppo": {"policy": "sft", "reward": "reward"},
+    "dpo": {"model": "sft"},
+}
+TRAINED = {
+    "pretrain": "pretrained GPT",
+    "sft": "SFT policy",
+    "reward": "reward model",
+}  # by each parent stage
 
 
-def stage_overrides(stage: str, done: dict[str, dict]) -> list[str]:
-    """The init_from / tokenizer overrides that feed a stage from the finished ones."""
-    parent = PARENTS[stage]
-    if parent is None or parent not in done:
+def given_checkpoints(overrides: list[str]) -> dict[str, str]:
+    """The init_from a stage's own overrides give it, by init_from key (see NEEDS)."""
+    init_from = compose("train", overrides=overrides).init_from
+    if init_from is None:
+        return {}
+    return {"model": init_from} if isinstance(init_from, str) else dict(init_from)
+
+
+def check_sources(cfg: DictConfig) -> dict[str, dict[str, str]]:
+    """Before any stage runs: every stage needs each model it starts from (NEEDS) from a stage before it or from
+    its own overrides; returns the checkpoints the overrides give, by stage. A stage without one is refused,
+    naming the model and both fixes (a random policy or reward model would train for nothing)."""
+    unknown = [stage for stage in cfg.stages if stage not in NEEDS]
+    if unknown:
+        raise ConfigError(f"Unknown chain stage {unknown[0]!r} in stages; choose from {list(NEEDS)}")
+    given, before = {}, set()
+    for stage in cfg.stages:
+        spec = list(cfg.stage_configs[stage])
+        missing = {key: parent for key, parent in NEEDS[stage].items() if parent not in before}
+        if missing:
+            given[stage] = given_checkpoints([*spec, *cfg.common])
+            missing = {key: parent for key, parent in missing.items() if key not in given[stage]}
+        if missing:
+            raise missing_source(stage, missing, spec, cfg.stages)
+        for key, path in given.get(stage, {}).items():
+            if not Path(path).is_file():
+                raise FileNotFoundError(
+                    f"Chain stage {stage}: init_from {key} {path} not found; pass a .ckpt file"
+                )
+        before.add(stage)
+    return given
+
+
+def missing_source(stage: str, missing: dict[str, str], spec: list[str], stages: list[str]) -> ConfigError:
+    """The refusal of a chain whose ``stage`` starts from ``missing`` models (init_from key -> parent stage)."""
+    models = " and the ".join(
+        f"{TRAINED[p]} (init_from{'' if k == 'model' else '.' + k})" for k, p in missing.items()
+    )
+    wanted = set(stages) | set(missing.values())
+    while extra := {p for s in wanted for p in NEEDS[s].values()} - wanted:  # the parents' parents too
+        wanted |= extra
+    given = [
+        f"init_from=<{p}.ckpt>" if k == "model" else f"+init_from.{k}=<{p}.ckpt>" for k, p in missing.items()
+    ]
+    overrides = ",".join(f'"{o}"' for o in [*spec, *given])
+    return ConfigError(
+        f"Chain stage {stage} starts from the {models}, which no stage before it trains: put "
+        f"{' and '.join(missing.values())} before {stage} in stages, e.g. "
+        f"'stages=[{','.join(s for s in NEEDS if s in wanted)}]', or give {stage} the checkpoint in its overrides: "
+        f"'stage_configs.{stage}=[{overrides}]'"
+    )
+
+
+def stage_overrides(stage: str, sources: dict[str, str], done: dict[str, dict]) -> list[str]:
+    """The init_from (``sources``: init_from key -> checkpoint) and data overrides that feed a stage."""
+    if not sources:
         return []
-    ckpt = done[parent]["checkpoint"]
-    overrides = [f"data.tokenizer_path='{ckpt}'"]
+    primary = next(iter(sources.values()))
+    overrides = [f"data.tokenizer_path='{primary}'"]
     if stage in ("reward", "dpo") and "label" in done:
         overrides += ["data.source=jsonl", f"data.path='{done['label']['comparisons']}'", "data.pool=all"]
-    if stage == "ppo":
-        if "reward" not in done:
-            raise ConfigError("The ppo stage needs the reward stage before it in chain stages")
-        return overrides + [f"init_from={{policy: '{ckpt}', reward: '{done['reward']['checkpoint']}'}}"]
-    return overrides + [f"init_from='{ckpt}'"]
+    if list(sources) == ["model"]:
+        return [*overrides, f"init_from='{primary}'"]
+    return [*overrides, "init_from={" + ", ".join(f"{key}: '{path}'" for key, path in sources.items()) + "}"]
 
 
-def compose_stage(overrides: list[str], output_dir: Path) -> DictConfig:
-    """A stage's train config, composed as train.py composes it, writing into ``output_dir``."""
+def compose_stage(overrides: list[str], output_dir: Path, parent: str | None) -> DictConfig:
+    """A stage's train config, composed as train.py composes it, writing into ``output_dir``, its model config
+    the ``parent`` checkpoint's (whose weights it starts from), so the data's lengths follow it too."""
     cfg = compose("train", overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         cfg.paths.output_dir = str(output_dir)
         del cfg.hydra
+        if parent:
+            checkpoint = read_checkpoint(parent, "init_from", cfg.trust_checkpoint)
+            taken = parent_model_config(checkpoint, cfg.model)
+            if taken:
+                log.info("Chain: the model config of %s: %s", parent, taken)
+            cfg.model.update(taken)
     check_required(cfg)
     check_types(cfg)
+    keep_earlier_csv_logs(cfg)  # a resumed stage keeps its earlier attempts' metrics
     OmegaConf.resolve(cfg)
     output_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, output_dir / "config_resolved.yaml")
@@ -179,37 +256,49 @@ def read_stage(marker: Path, run_dir: Path) -> dict:
 
 def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
     run_dir = Path(cfg.run_dir)
+    given = check_sources(cfg)
     done: dict[str, dict] = {}
     for stage in cfg.stages:
-        if stage not in PARENTS:
-            raise ConfigError(f"Unknown chain stage {stage!r}; choose from {list(PARENTS)}")
         stage_dir = run_dir / stage
-        marker = stage_dir / "stage.json"
+        marker, stopped = stage_dir / "stage.json", stage_dir / "interrupted.json"
         if marker.is_file():
             done[stage] = read_stage(marker, run_dir)
             log.info("Chain: %s already finished (%s), skipping", stage, marker)
             continue
-        if stage_dir.exists():  # an unfinished attempt: keep it aside, so its checkpoints cannot be mistaken
+        resume = []
+        if stopped.is_file():  # stopped by a signal: continue from the step it saved, in the same folder
+            interrupted = read_stage(stopped, run_dir)
+            resume = [f"ckpt_path='{interrupted['checkpoint']}'"]
+            log.info("Chain: %s was stopped at step %d; resuming it", stage, interrupted["step"])
+        elif (
+            stage_dir.exists()
+        ):  # an unfinished attempt: keep it aside, so its checkpoints cannot be mistaken
             aside = stage_dir.with_name(f"{stage}.incomplete-{int(time.time())}")
             stage_dir.rename(aside)
             log.warning(
                 "Chain: %s did not finish before; its folder moved to %s, starting it again", stage, aside
             )
-        spec = cfg.stage_configs[stage]
-        overrides = [*spec, *cfg.common, *stage_overrides(stage, done)]
+        sources = {
+            key: done[parent]["checkpoint"] if parent in done else given[stage][key]
+            for key, parent in NEEDS[stage].items()
+        }
+        overrides = [*cfg.stage_configs[stage], *cfg.common, *stage_overrides(stage, sources, done), *resume]
         log.info("Chain: stage %s -> %s\n  overrides: %s", stage, stage_dir, " ".join(overrides))
-        stage_cfg = compose_stage(overrides, stage_dir)
+        stage_cfg = compose_stage(overrides, stage_dir, next(iter(sources.values()), None))
         if stage == "label":
-            if "sft" not in done:
-                raise ConfigError("The label stage samples the SFT policy: put sft before it in chain stages")
             comparisons = stage_dir / "comparisons.jsonl"
             counts = label_comparisons(
-                done["sft"]["checkpoint"], stage_cfg.data, comparisons, **cfg.label, seed=stage_cfg.seed
+                stage_cfg.init_from, stage_cfg.data, comparisons, **cfg.label, seed=stage_cfg.seed
             )
             write_stage(marker, run_dir, {"comparisons": str(comparisons), "test": counts})
             done[stage] = read_stage(marker, run_dir)
             continue
-        result = train(stage_cfg)
+        try:
+            result = train(stage_cfg)
+        except Interrupted as stop:
+            if stop.checkpoint:  # what a rerun of the chain resumes this stage from
+                write_stage(stopped, run_dir, {"checkpoint": stop.checkpoint, "step": stop.step})
+            raise
         if result.best_checkpoint is None:
             raise RuntimeError(
                 f"Stage {stage} kept no best checkpoint for the next stage; it needs validation and"
@@ -219,6 +308,7 @@ def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
             k.removeprefix("test/"): v for k, v in sorted(result.metrics.items()) if k.startswith("test/")
         }
         write_stage(marker, run_dir, {"checkpoint": result.best_checkpoint, "test": test})
+        stopped.unlink(missing_ok=True)  # finished: deleting stage.json runs the stage again from the start
         done[stage] = read_stage(marker, run_dir)  # as a later run reads it
     summary = {stage: info["test"] for stage, info in done.items()}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -245,7 +335,9 @@ def chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
 
 @hydra.main(version_base="1.3", config_path="pkg://lit_transformers.conf", config_name="instructgpt")
 def main(cfg: DictConfig) -> None:
-    with report_user_errors():
+    # now: each stage's composition replaces Hydra's view of this command line
+    command = " ".join([*this_command("run_dir"), f"run_dir={HydraConfig.get().runtime.output_dir}"])
+    with report_interruptions(lambda checkpoint: command), report_user_errors():
         chain(cfg)
 
 

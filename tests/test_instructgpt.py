@@ -348,19 +348,25 @@ def test_ppo_under_ddp_cpu(ddp_cli):
 
 
 def _tiny_chain(run_dir, stages: list[str], cache_dir):
-    """The chain's config at tiny sizes: two steps a stage, writing into ``run_dir``."""
+    """The chain's config at tiny sizes: two steps a stage, writing into ``run_dir``; the model shape is given to
+    pretrain alone (the chain's own block size), as the later stages take their parent's."""
     cfg = OmegaConf.load(REPO / "lit_transformers" / "conf" / "instructgpt.yaml")
     del cfg["hydra"]
     cfg.run_dir = str(run_dir)
     cfg.stages = stages
     cfg.label.max_new_tokens = 4
+    shape = [o for o in TINY if o.startswith("model.")]
     cfg.common = [
-        *TINY,
+        *(o for o in TINY if o not in shape),
         f"paths.cache_dir={cache_dir}",
         "trainer.max_steps=2",
         "trainer.val_check_interval=2",
     ]
-    cfg.stage_configs.pretrain = ["data.vocab_size=300"]
+    cfg.stage_configs.pretrain = [
+        *(o for o in cfg.stage_configs.pretrain if o.startswith("model.")),
+        *(o for o in shape if not o.startswith("model.block_size")),
+        "data.vocab_size=300",
+    ]
     for stage in ("sft", "label", "reward", "ppo", "dpo"):
         cfg.stage_configs[stage] = [*cfg.stage_configs[stage], "data.n_examples=120"]
         if stage in ("sft", "ppo", "dpo"):
