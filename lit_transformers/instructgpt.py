@@ -76,16 +76,19 @@ def given_checkpoints(overrides: list[str]) -> dict[str, str]:
 
 
 def check_sources(cfg: DictConfig) -> dict[str, dict[str, str]]:
-    """Before any stage runs: every stage needs each model it starts from (NEEDS) from a stage before it or from
-    its own overrides; returns the checkpoints the overrides give, by stage. A stage without one is refused,
-    naming the model and both fixes (a random policy or reward model would train for nothing)."""
+    """Before any stage runs: every stage still to run needs each model it starts from (NEEDS) from a stage before
+    it or from its own overrides; returns the checkpoints the overrides give, by stage. A stage without one is
+    refused, naming the model and both fixes (a random policy or reward model would train for nothing)."""
     unknown = [stage for stage in cfg.stages if stage not in NEEDS]
     if unknown:
         raise ConfigError(f"Unknown chain stage {unknown[0]!r} in stages; choose from {list(NEEDS)}")
     given, before = {}, set()
     for stage in cfg.stages:
         spec = list(cfg.stage_configs[stage])
-        missing = {key: parent for key, parent in NEEDS[stage].items() if parent not in before}
+        finished = (Path(cfg.run_dir) / stage / "stage.json").is_file()
+        missing = {
+            key: parent for key, parent in NEEDS[stage].items() if parent not in before and not finished
+        }
         if missing:
             given[stage] = given_checkpoints([*spec, *cfg.common])
             missing = {key: parent for key, parent in missing.items() if key not in given[stage]}

@@ -45,7 +45,11 @@ def run_summary(trainer: L.Trainer, loggers: list[Logger], run_dir: str | Path) 
 def this_command(*replaced: str) -> list[str]:
     """The command line this process was started with, quoted, its overrides of the keys ``replaced`` left out
     (so the caller can append new values)."""
-    program = f"python {sys.argv[0]}" if sys.argv[0].endswith(".py") else Path(sys.argv[0]).name
+    started_as = getattr(sys.modules["__main__"], "__spec__", None)  # python -m <module>; None for a file
+    if started_as is not None:
+        program = f"python -m {started_as.name}"
+    else:
+        program = f"python {sys.argv[0]}" if sys.argv[0].endswith(".py") else Path(sys.argv[0]).name
     overrides = [
         o for o in HydraConfig.get().overrides.task if o.split("=", 1)[0].lstrip("+~") not in replaced
     ]
