@@ -1,21 +1,22 @@
 """The InstructGPT chain in one command: pretrain -> SFT -> label -> reward model -> PPO (and DPO), each training
 stage a normal ``train.py`` run in its own subdirectory, each stage's best checkpoint feeding the next.
 
-``label`` plays InstructGPT's labelers: the SFT policy samples several responses to every prompt, the judge ranks
-them (with the right answer and a corrupted one), and every pair of different verdicts becomes a TRL preference
-record (``prompt``/``chosen``/``rejected``) in ``<run>/label/comparisons.jsonl``, which the reward model and DPO
-train on. Pairs made only from synthetic corruptions teach a reward model the corruptions, not the policy's own
-mistakes, and PPO then has nothing true to climb (docs/instructgpt.md).
+``label`` plays InstructGPT's labelers (lit_transformers/labeling.py): the judge ranks the SFT policy's samples into
+the preference pairs that the reward model and DPO train on.
 
     lit-instructgpt                                         # the whole chain (= python -m lit_transformers.instructgpt)
     lit-instructgpt 'stages=[pretrain,sft,label,reward,ppo,dpo]'
-    lit-instructgpt run_dir=<run>                           # resume after the last finished stage
+    lit-instructgpt run_dir=<run>                           # resume: finished stages skipped, a stopped one resumed
 
-A finished stage writes ``<run>/<stage>/stage.json`` (its best checkpoint and test metrics, paths relative to
-``run_dir``), so a rerun on the same ``run_dir``, from any directory, skips it; an unfinished stage's folder is
-moved aside and the stage starts again. A failing stage stops the chain with its error. At the end the chain prints
-one table and writes ``<run>/summary.json``: ``{stage: {metric: value}}`` with each stage's test metrics.
-Stages run in this process, one after the other (multi-process trainers belong to single-stage runs).
+Each stage starts from the best checkpoint of the stage before it that trains its model (NEEDS), with that
+checkpoint's tokenizer and model config, or from an ``init_from`` in its own overrides; a chain where a stage has
+neither is refused before any stage runs. A finished stage writes ``<run>/<stage>/stage.json`` (its best checkpoint
+and test metrics, paths relative to ``run_dir``), so a rerun on the same ``run_dir``, from any directory, skips it. A
+stage stopped by a signal (SIGTERM, Ctrl-C) writes ``interrupted.json`` beside its ``last.ckpt`` and prints the
+command that reruns the chain, which resumes the stage from that step; any other unfinished stage's folder is moved
+aside and the stage starts again. A failing stage stops the chain with its error. At the end the chain prints one
+table and writes ``<run>/summary.json``: ``{stage: {metric: value}}`` with each stage's test metrics. Stages run in
+this process, one after the other (multi-process trainers belong to single-stage runs).
 """
 
 from __future__ import annotations
@@ -23,23 +24,17 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import hydra
-import torch
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lit_transformers.callbacks import Interrupted
-from lit_transformers.tasks import SFTTask
+from lit_transformers.labeling import label_comparisons
 from lit_transformers.tasks.base import parent_model_config
-from lit_transformers.tasks.instruct import decode_responses, rollout
-from lit_transformers.text import left_pad
-from lit_transformers.text.instructions import judge
 from lit_transformers.train import train
 from lit_transformers.utils.checkpoints import read_checkpoint
 from lit_transformers.utils.config import ConfigError, check_required, check_types
@@ -49,7 +44,6 @@ from lit_transformers.utils.run_report import report_interruptions, this_command
 
 log = logging.getLogger(__name__)
 
-PROMPTS_PER_ROLLOUT = 64  # the label stage samples this many prompts (x samples_per_prompt) at once
 # the checkpoints each stage starts from: its init_from key ("model": the whole init_from of a one-model task; the
 # label stage samples it) -> the stage that trains that model; the first one gives the tokenizer and model config
 NEEDS = {
@@ -157,76 +151,6 @@ def compose_stage(overrides: list[str], output_dir: Path, parent: str | None) ->
     output_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, output_dir / "config_resolved.yaml")
     return cfg
-
-
-def ranked_pairs(scores: dict[str, float]) -> Iterator[tuple[str, str]]:
-    """(better, worse) for every two candidates whose scores differ."""
-    return ((b, w) for b, s_b in scores.items() for w, s_w in scores.items() if s_b > s_w)
-
-
-@torch.no_grad()
-def label_comparisons(
-    policy_ckpt: str,
-    data_cfg: DictConfig,
-    out: Path,
-    samples_per_prompt: int,
-    temperature: float,
-    max_new_tokens: int,
-    seed: int,
-) -> dict[str, float]:
-    """The judge ranks ``samples_per_prompt`` responses of the policy to every prompt of every split, with the
-    record's right answer and its corruption; each two candidates with different graded scores make a pair.
-    Writes the pairs to ``out`` (JSONL, TRL's fields plus ``answer`` and ``split``) and returns their count and
-    the samples' mean judge scores."""
-    data = instantiate(data_cfg, format="sft", _convert_="all")
-    data.setup()
-    tok = data.tokenizer
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    policy = SFTTask.load_from_checkpoint(policy_ckpt, map_location=device, weights_only=True).model
-    generator = torch.Generator(device).manual_seed(seed)
-    stats = {"pairs": 0.0, "sample_judge_exact": 0.0, "sample_judge_score": 0.0}
-    n_samples = 0
-    tmp = out.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for split, records in data.records().items():
-            if any(r.get("answer") is None for r in records):
-                raise ValueError(
-                    f"The label stage needs an answer in every record for the judge ({split} split lacks some);"
-                    " bring your own comparisons with data.source=jsonl in the reward and dpo stages instead"
-                )
-            items = data.datasets[split]
-            for start in range(0, len(items), PROMPTS_PER_ROLLOUT):
-                rows = slice(start, start + PROMPTS_PER_ROLLOUT)
-                chunk = records[rows]
-                ids, mask = left_pad([it["prompt"] for it in items[rows]] * samples_per_prompt, tok.pad_id)
-                generated = rollout(
-                    policy, tok, ids.to(device), mask.to(device), max_new_tokens, temperature, generator
-                )
-                texts = decode_responses(tok, generated.responses, generated.response_mask)
-                for i, record in enumerate(chunk):
-                    samples = texts[i :: len(chunk)]
-                    verdicts = [judge(t, record["answer"]) for t in samples]
-                    stats["sample_judge_exact"] += sum(v[0] for v in verdicts)
-                    stats["sample_judge_score"] += sum(v[1] for v in verdicts)
-                    n_samples += len(samples)
-                    scored = {
-                        t: judge(t, record["answer"])[1] for t in (record["completion"], record["rejected"])
-                    }
-                    scored |= {t: v[1] for t, v in zip(samples, verdicts)}
-                    for better, worse in ranked_pairs(scored):
-                        pair = {
-                            "prompt": record["prompt"],
-                            "chosen": better,
-                            "rejected": worse,
-                            "answer": record["answer"],
-                            "split": split,
-                        }
-                        f.write(json.dumps(pair) + "\n")
-                        stats["pairs"] += 1
-    tmp.replace(out)
-    stats["sample_judge_exact"] /= n_samples
-    stats["sample_judge_score"] /= n_samples
-    return stats
 
 
 # the keys of stage.json that name files, stored relative to run_dir
