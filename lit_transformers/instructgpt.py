@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import time
 from pathlib import Path
 
@@ -58,7 +59,7 @@ TRAINED = {
     "pretrain": "pretrained GPT",
     "sft": "SFT policy",
     "reward": "reward model",
-}  # by each parent stage
+}  # what each parent trains
 
 
 def given_checkpoints(overrides: list[str]) -> dict[str, str]:
@@ -197,9 +198,8 @@ def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
             interrupted = read_stage(stopped, run_dir)
             resume = [f"ckpt_path='{interrupted['checkpoint']}'"]
             log.info("Chain: %s was stopped at step %d; resuming it", stage, interrupted["step"])
-        elif (
-            stage_dir.exists()
-        ):  # an unfinished attempt: keep it aside, so its checkpoints cannot be mistaken
+        elif stage_dir.exists():
+            # any other unfinished attempt: kept aside, so that its checkpoints cannot be mistaken for this one's
             aside = stage_dir.with_name(f"{stage}.incomplete-{int(time.time())}")
             stage_dir.rename(aside)
             log.warning(
@@ -263,7 +263,8 @@ def chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
 @hydra.main(version_base="1.3", config_path="pkg://lit_transformers.conf", config_name="instructgpt")
 def main(cfg: DictConfig) -> None:
     # now: each stage's composition replaces Hydra's view of this command line
-    command = " ".join([*this_command("run_dir"), f"run_dir={HydraConfig.get().runtime.output_dir}"])
+    run_dir = shlex.quote(f"run_dir={HydraConfig.get().runtime.output_dir}")
+    command = " ".join([*this_command("run_dir"), run_dir])
     with report_interruptions(lambda checkpoint: command), report_user_errors():
         chain(cfg)
 
