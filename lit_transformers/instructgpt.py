@@ -113,7 +113,7 @@ def missing_source(stage: str, missing: dict[str, str], spec: list[str], stages:
     return ConfigError(
         f"Chain stage {stage} starts from the {models}, which no stage before it trains: put "
         f"{' and '.join(missing.values())} before {stage} in stages, e.g. "
-        f"'stages=[{','.join(s for s in NEEDS if s in wanted)}]', or give {stage} the checkpoint in its overrides: "
+        f"'stages=[{','.join(s for s in NEEDS if s in wanted)}]', or give {stage} the checkpoint{'s' * (len(missing) > 1)} in its overrides: "
         f"'stage_configs.{stage}=[{overrides}]'"
     )
 

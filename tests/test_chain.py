@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 from test_lifecycle import ENDLESS, _stop_after_steps, _train_steps
@@ -210,6 +211,7 @@ def test_init_from_a_checkpoint_of_another_model_config_names_the_overrides(comp
     )
 
 
+@pytest.mark.cli
 def test_a_signal_during_a_stage_prints_the_resume_command_and_a_rerun_resumes_the_stage(tmp_path, cache_dir):
     run, logs = tmp_path / "run", tmp_path / "log"
     common = [*ENDLESS, f"paths.cache_dir={cache_dir}"]
