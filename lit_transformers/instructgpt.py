@@ -1,152 +1,157 @@
 """The InstructGPT chain in one command: pretrain -> SFT -> label -> reward model -> PPO (and DPO), each training
 stage a normal ``train.py`` run in its own subdirectory, each stage's best checkpoint feeding the next.
 
-``label`` plays InstructGPT's labelers: the SFT policy samples several responses to every prompt, the judge ranks
-them (with the right answer and a corrupted one), and every pair of different verdicts becomes a TRL preference
-record (``prompt``/``chosen``/``rejected``) in ``<run>/label/comparisons.jsonl``, which the reward model and DPO
-train on. Pairs made only from synthetic corruptions teach a reward model the corruptions, not the policy's own
-mistakes, and PPO then has nothing true to climb (docs/instructgpt.md).
+``label`` plays InstructGPT's labelers (lit_transformers/labeling.py): the judge ranks the SFT policy's samples into
+the preference pairs that the reward model and DPO train on.
 
     lit-instructgpt                                         # the whole chain (= python -m lit_transformers.instructgpt)
     lit-instructgpt 'stages=[pretrain,sft,label,reward,ppo,dpo]'
-    lit-instructgpt run_dir=<run>                           # resume after the last finished stage
+    lit-instructgpt run_dir=<run>                           # resume: finished stages skipped, a stopped one resumed
 
-A finished stage writes ``<run>/<stage>/stage.json`` (its best checkpoint and test metrics, paths relative to
-``run_dir``), so a rerun on the same ``run_dir``, from any directory, skips it; an unfinished stage's folder is
-moved aside and the stage starts again. A failing stage stops the chain with its error. At the end the chain prints
-one table and writes ``<run>/summary.json``: ``{stage: {metric: value}}`` with each stage's test metrics.
-Stages run in this process, one after the other (multi-process trainers belong to single-stage runs).
+Each stage starts from the best checkpoint of the stage before it that trains its model (NEEDS), with that
+checkpoint's tokenizer and model config, or from an ``init_from`` in its own overrides; a chain where a stage has
+neither is refused before any stage runs. A finished stage writes ``<run>/<stage>/stage.json`` (its best checkpoint
+and test metrics, paths relative to ``run_dir``), so a rerun on the same ``run_dir``, from any directory, skips it. A
+stage stopped by a signal (SIGTERM, Ctrl-C) writes ``interrupted.json`` beside its ``last.ckpt`` and prints the
+command that reruns the chain, which resumes the stage from that step; any other unfinished stage's folder is moved
+aside and the stage starts again. A failing stage stops the chain with its error. At the end the chain prints one
+table and writes ``<run>/summary.json``: ``{stage: {metric: value}}`` with each stage's test metrics. Stages run in
+this process, one after the other (multi-process trainers belong to single-stage runs).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shlex
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import hydra
-import torch
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lit_transformers.tasks import SFTTask
-from lit_transformers.tasks.instruct import decode_responses, rollout
-from lit_transformers.text import left_pad
-from lit_transformers.text.instructions import judge
+from lit_transformers.callbacks import Interrupted
+from lit_transformers.labeling import label_comparisons
+from lit_transformers.tasks.base import parent_model_config
 from lit_transformers.train import train
+from lit_transformers.utils.checkpoints import read_checkpoint
 from lit_transformers.utils.config import ConfigError, check_required, check_types
 from lit_transformers.utils.errors import report_user_errors
+from lit_transformers.utils.run_folder import keep_earlier_csv_logs
+from lit_transformers.utils.run_report import report_interruptions, this_command
 
 log = logging.getLogger(__name__)
 
-PROMPTS_PER_ROLLOUT = 64  # the label stage samples this many prompts (x samples_per_prompt) at once
-PARENTS = {"pretrain": None, "sft": "pretrain", "label": "sft", "reward": "sft", "ppo": "sft", "dpo": "sft"}
+# the checkpoints each stage starts from: its init_from key ("model": the whole init_from of a one-model task; the
+# label stage samples it) -> the stage that trains that model; the first one gives the tokenizer and model config
+NEEDS = {
+    "pretrain": {},
+    "sft": {"model": "pretrain"},
+    "label": {"model": "sft"},
+    "reward": {"model": "sft"},
+    "ppo": {"policy": "sft", "reward": "reward"},
+    "dpo": {"model": "sft"},
+}
+TRAINED = {
+    "pretrain": "pretrained GPT",
+    "sft": "SFT policy",
+    "reward": "reward model",
+}  # what each parent trains
 
 
-def stage_overrides(stage: str, done: dict[str, dict]) -> list[str]:
-    """The init_from / tokenizer overrides that feed a stage from the finished ones."""
-    parent = PARENTS[stage]
-    if parent is None or parent not in done:
+def given_checkpoints(overrides: list[str]) -> dict[str, str]:
+    """The init_from a stage's own overrides give it, by init_from key (see NEEDS)."""
+    init_from = compose("train", overrides=overrides).init_from
+    if init_from is None:
+        return {}
+    return {"model": init_from} if isinstance(init_from, str) else dict(init_from)
+
+
+def check_sources(cfg: DictConfig) -> dict[str, dict[str, str]]:
+    """Before any stage runs: every stage still to run needs each model it starts from (NEEDS) from a stage before
+    it or from its own overrides; returns the checkpoints the overrides give, by stage. A stage without one is
+    refused, naming the model and both fixes (a random policy or reward model would train for nothing)."""
+    unknown = [stage for stage in cfg.stages if stage not in NEEDS]
+    if unknown:
+        raise ConfigError(f"Unknown chain stage {unknown[0]!r} in stages; choose from {list(NEEDS)}")
+    given, before = {}, set()
+    for stage in cfg.stages:
+        spec = list(cfg.stage_configs[stage])
+        finished = (Path(cfg.run_dir) / stage / "stage.json").is_file()
+        missing = {
+            key: parent for key, parent in NEEDS[stage].items() if parent not in before and not finished
+        }
+        if missing:
+            given[stage] = given_checkpoints([*spec, *cfg.common])
+            missing = {key: parent for key, parent in missing.items() if key not in given[stage]}
+        if missing:
+            raise missing_source(stage, missing, spec, cfg.stages)
+        for key, path in given.get(stage, {}).items():
+            if not Path(path).is_file():
+                raise FileNotFoundError(
+                    f"Chain stage {stage}: init_from {key} {path} not found; pass a .ckpt file"
+                )
+        before.add(stage)
+    return given
+
+
+def missing_source(stage: str, missing: dict[str, str], spec: list[str], stages: list[str]) -> ConfigError:
+    """The refusal of a chain whose ``stage`` starts from ``missing`` models (init_from key -> parent stage)."""
+    models = " and the ".join(
+        f"{TRAINED[p]} (init_from{'' if k == 'model' else '.' + k})" for k, p in missing.items()
+    )
+    wanted = set(stages) | set(missing.values())
+    while extra := {p for s in wanted for p in NEEDS[s].values()} - wanted:  # the parents' parents too
+        wanted |= extra
+    given = [
+        f"init_from=<{p}.ckpt>" if k == "model" else f"+init_from.{k}=<{p}.ckpt>" for k, p in missing.items()
+    ]
+    overrides = ",".join(f'"{o}"' for o in [*spec, *given])
+    return ConfigError(
+        f"Chain stage {stage} starts from the {models}, which no stage before it trains: put "
+        f"{' and '.join(missing.values())} before {stage} in stages, e.g. "
+        f"'stages=[{','.join(s for s in NEEDS if s in wanted)}]', or give {stage} the checkpoint{'s' * (len(missing) > 1)} in its overrides: "
+        f"'stage_configs.{stage}=[{overrides}]'"
+    )
+
+
+def stage_overrides(stage: str, sources: dict[str, str], done: dict[str, dict]) -> list[str]:
+    """The init_from (``sources``: init_from key -> checkpoint) and data overrides that feed a stage."""
+    if not sources:
         return []
-    ckpt = done[parent]["checkpoint"]
-    overrides = [f"data.tokenizer_path='{ckpt}'"]
+    primary = next(iter(sources.values()))
+    overrides = [f"data.tokenizer_path='{primary}'"]
     if stage in ("reward", "dpo") and "label" in done:
         overrides += ["data.source=jsonl", f"data.path='{done['label']['comparisons']}'", "data.pool=all"]
-    if stage == "ppo":
-        if "reward" not in done:
-            raise ConfigError("The ppo stage needs the reward stage before it in chain stages")
-        return overrides + [f"init_from={{policy: '{ckpt}', reward: '{done['reward']['checkpoint']}'}}"]
-    return overrides + [f"init_from='{ckpt}'"]
+    if list(sources) == ["model"]:
+        return [*overrides, f"init_from='{primary}'"]
+    return [*overrides, "init_from={" + ", ".join(f"{key}: '{path}'" for key, path in sources.items()) + "}"]
 
 
-def compose_stage(overrides: list[str], output_dir: Path) -> DictConfig:
-    """A stage's train config, composed as train.py composes it, writing into ``output_dir``."""
+def compose_stage(overrides: list[str], output_dir: Path, parent: str | None) -> DictConfig:
+    """A stage's train config, composed as train.py composes it, writing into ``output_dir``, its model config
+    the ``parent`` checkpoint's (whose weights it starts from), so the data's lengths follow it too."""
     cfg = compose("train", overrides=overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         cfg.paths.output_dir = str(output_dir)
         del cfg.hydra
+        if parent:
+            checkpoint = read_checkpoint(parent, "init_from", cfg.trust_checkpoint)
+            taken = parent_model_config(checkpoint, cfg.model)
+            if taken:
+                log.info("Chain: the model config of %s: %s", parent, taken)
+            cfg.model.update(taken)
     check_required(cfg)
     check_types(cfg)
+    keep_earlier_csv_logs(cfg)  # a resumed stage keeps its earlier attempts' metrics
     OmegaConf.resolve(cfg)
     output_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, output_dir / "config_resolved.yaml")
     return cfg
-
-
-def ranked_pairs(scores: dict[str, float]) -> Iterator[tuple[str, str]]:
-    """(better, worse) for every two candidates whose scores differ."""
-    return ((b, w) for b, s_b in scores.items() for w, s_w in scores.items() if s_b > s_w)
-
-
-@torch.no_grad()
-def label_comparisons(
-    policy_ckpt: str,
-    data_cfg: DictConfig,
-    out: Path,
-    samples_per_prompt: int,
-    temperature: float,
-    max_new_tokens: int,
-    seed: int,
-) -> dict[str, float]:
-    """The judge ranks ``samples_per_prompt`` responses of the policy to every prompt of every split, with the
-    record's right answer and its corruption; each two candidates with different graded scores make a pair.
-    Writes the pairs to ``out`` (JSONL, TRL's fields plus ``answer`` and ``split``) and returns their count and
-    the samples' mean judge scores."""
-    data = instantiate(data_cfg, format="sft", _convert_="all")
-    data.setup()
-    tok = data.tokenizer
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    policy = SFTTask.load_from_checkpoint(policy_ckpt, map_location=device, weights_only=True).model
-    generator = torch.Generator(device).manual_seed(seed)
-    stats = {"pairs": 0.0, "sample_judge_exact": 0.0, "sample_judge_score": 0.0}
-    n_samples = 0
-    tmp = out.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for split, records in data.records().items():
-            if any(r.get("answer") is None for r in records):
-                raise ValueError(
-                    f"The label stage needs an answer in every record for the judge ({split} split lacks some);"
-                    " bring your own comparisons with data.source=jsonl in the reward and dpo stages instead"
-                )
-            items = data.datasets[split]
-            for start in range(0, len(items), PROMPTS_PER_ROLLOUT):
-                rows = slice(start, start + PROMPTS_PER_ROLLOUT)
-                chunk = records[rows]
-                ids, mask = left_pad([it["prompt"] for it in items[rows]] * samples_per_prompt, tok.pad_id)
-                generated = rollout(
-                    policy, tok, ids.to(device), mask.to(device), max_new_tokens, temperature, generator
-                )
-                texts = decode_responses(tok, generated.responses, generated.response_mask)
-                for i, record in enumerate(chunk):
-                    samples = texts[i :: len(chunk)]
-                    verdicts = [judge(t, record["answer"]) for t in samples]
-                    stats["sample_judge_exact"] += sum(v[0] for v in verdicts)
-                    stats["sample_judge_score"] += sum(v[1] for v in verdicts)
-                    n_samples += len(samples)
-                    scored = {
-                        t: judge(t, record["answer"])[1] for t in (record["completion"], record["rejected"])
-                    }
-                    scored |= {t: v[1] for t, v in zip(samples, verdicts)}
-                    for better, worse in ranked_pairs(scored):
-                        pair = {
-                            "prompt": record["prompt"],
-                            "chosen": better,
-                            "rejected": worse,
-                            "answer": record["answer"],
-                            "split": split,
-                        }
-                        f.write(json.dumps(pair) + "\n")
-                        stats["pairs"] += 1
-    tmp.replace(out)
-    stats["sample_judge_exact"] /= n_samples
-    stats["sample_judge_score"] /= n_samples
-    return stats
 
 
 # the keys of stage.json that name files, stored relative to run_dir
@@ -179,37 +184,48 @@ def read_stage(marker: Path, run_dir: Path) -> dict:
 
 def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
     run_dir = Path(cfg.run_dir)
+    given = check_sources(cfg)
     done: dict[str, dict] = {}
     for stage in cfg.stages:
-        if stage not in PARENTS:
-            raise ConfigError(f"Unknown chain stage {stage!r}; choose from {list(PARENTS)}")
         stage_dir = run_dir / stage
-        marker = stage_dir / "stage.json"
+        marker, stopped = stage_dir / "stage.json", stage_dir / "interrupted.json"
         if marker.is_file():
             done[stage] = read_stage(marker, run_dir)
             log.info("Chain: %s already finished (%s), skipping", stage, marker)
             continue
-        if stage_dir.exists():  # an unfinished attempt: keep it aside, so its checkpoints cannot be mistaken
+        resume = []
+        if stopped.is_file():  # stopped by a signal: continue from the step it saved, in the same folder
+            interrupted = read_stage(stopped, run_dir)
+            resume = [f"ckpt_path='{interrupted['checkpoint']}'"]
+            log.info("Chain: %s was stopped at step %d; resuming it", stage, interrupted["step"])
+        elif stage_dir.exists():
+            # any other unfinished attempt: kept aside, so that its checkpoints cannot be mistaken for this one's
             aside = stage_dir.with_name(f"{stage}.incomplete-{int(time.time())}")
             stage_dir.rename(aside)
             log.warning(
                 "Chain: %s did not finish before; its folder moved to %s, starting it again", stage, aside
             )
-        spec = cfg.stage_configs[stage]
-        overrides = [*spec, *cfg.common, *stage_overrides(stage, done)]
+        sources = {
+            key: done[parent]["checkpoint"] if parent in done else given[stage][key]
+            for key, parent in NEEDS[stage].items()
+        }
+        overrides = [*cfg.stage_configs[stage], *cfg.common, *stage_overrides(stage, sources, done), *resume]
         log.info("Chain: stage %s -> %s\n  overrides: %s", stage, stage_dir, " ".join(overrides))
-        stage_cfg = compose_stage(overrides, stage_dir)
+        stage_cfg = compose_stage(overrides, stage_dir, next(iter(sources.values()), None))
         if stage == "label":
-            if "sft" not in done:
-                raise ConfigError("The label stage samples the SFT policy: put sft before it in chain stages")
             comparisons = stage_dir / "comparisons.jsonl"
             counts = label_comparisons(
-                done["sft"]["checkpoint"], stage_cfg.data, comparisons, **cfg.label, seed=stage_cfg.seed
+                stage_cfg.init_from, stage_cfg.data, comparisons, **cfg.label, seed=stage_cfg.seed
             )
             write_stage(marker, run_dir, {"comparisons": str(comparisons), "test": counts})
             done[stage] = read_stage(marker, run_dir)
             continue
-        result = train(stage_cfg)
+        try:
+            result = train(stage_cfg)
+        except Interrupted as stop:
+            if stop.checkpoint:  # what a rerun of the chain resumes this stage from
+                write_stage(stopped, run_dir, {"checkpoint": stop.checkpoint, "step": stop.step})
+            raise
         if result.best_checkpoint is None:
             raise RuntimeError(
                 f"Stage {stage} kept no best checkpoint for the next stage; it needs validation and"
@@ -219,6 +235,7 @@ def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
             k.removeprefix("test/"): v for k, v in sorted(result.metrics.items()) if k.startswith("test/")
         }
         write_stage(marker, run_dir, {"checkpoint": result.best_checkpoint, "test": test})
+        stopped.unlink(missing_ok=True)  # finished: deleting stage.json runs the stage again from the start
         done[stage] = read_stage(marker, run_dir)  # as a later run reads it
     summary = {stage: info["test"] for stage, info in done.items()}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -245,7 +262,10 @@ def chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
 
 @hydra.main(version_base="1.3", config_path="pkg://lit_transformers.conf", config_name="instructgpt")
 def main(cfg: DictConfig) -> None:
-    with report_user_errors():
+    # now: each stage's composition replaces Hydra's view of this command line
+    run_dir = shlex.quote(f"run_dir={HydraConfig.get().runtime.output_dir}")
+    command = " ".join([*this_command("run_dir"), run_dir])
+    with report_interruptions(lambda checkpoint: command), report_user_errors():
         chain(cfg)
 
 

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import logging
 import random
 import sys
 import types
-from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LambdaCallback
-from omegaconf import OmegaConf
 
 from lit_transformers.data.instructions import (
     InstructionDataModule,
@@ -24,14 +20,13 @@ from lit_transformers.data.instructions import (
     read_jsonl,
     split_records,
 )
-from lit_transformers.instructgpt import chain
 from lit_transformers.models import GPT, GPTConfig, ScalarGPT
 from lit_transformers.nn import IGNORE_INDEX, token_cross_entropy
 from lit_transformers.text import left_pad, right_pad
 from lit_transformers.text.instructions import TASKS, corrupt, judge, make_examples
 from lit_transformers.train import train
 
-from conftest import INSTRUCT_EXPERIMENTS, REPO, assert_user_error
+from conftest import INSTRUCT_EXPERIMENTS
 
 CONFIG = GPTConfig(vocab_size=40, block_size=24, n_layer=1, n_head=2, d_model=16)
 WORDS = ["ash", "oak", "elm", "fir", "yew", "bay"]
@@ -347,124 +342,18 @@ def test_ppo_under_ddp_cpu(ddp_cli):
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
 
 
-def _tiny_chain(run_dir, stages: list[str], cache_dir):
-    """The chain's config at tiny sizes: two steps a stage, writing into ``run_dir``."""
-    cfg = OmegaConf.load(REPO / "lit_transformers" / "conf" / "instructgpt.yaml")
-    del cfg["hydra"]
-    cfg.run_dir = str(run_dir)
-    cfg.stages = stages
-    cfg.label.max_new_tokens = 4
-    cfg.common = [
-        *TINY,
-        f"paths.cache_dir={cache_dir}",
-        "trainer.max_steps=2",
-        "trainer.val_check_interval=2",
-    ]
-    cfg.stage_configs.pretrain = ["data.vocab_size=300"]
-    for stage in ("sft", "label", "reward", "ppo", "dpo"):
-        cfg.stage_configs[stage] = [*cfg.stage_configs[stage], "data.n_examples=120"]
-        if stage in ("sft", "ppo", "dpo"):
-            cfg.stage_configs[stage].append("task.max_new_tokens=4")
-    return cfg
-
-
-def test_chain_runs_every_stage_feeds_the_next_and_resumes(tmp_path, cache_dir, capsys):
-    cfg = _tiny_chain(tmp_path / "run", ["pretrain", "sft", "label", "reward", "ppo", "dpo"], cache_dir)
-    summary = chain(cfg)
-    assert list(summary) == ["pretrain", "sft", "label", "reward", "ppo", "dpo"]
-    assert {"judge_score", "judge_exact"} <= set(summary["sft"]) and "accuracy" in summary["reward"]
-    # the judge ranked the SFT policy's samples: every pair prefers the better verdict; RM and DPO train on them
-    comparisons = tmp_path / "run" / "label" / "comparisons.jsonl"
-    pairs = [json.loads(line) for line in comparisons.read_text().splitlines()]
-    assert len(pairs) == summary["label"]["pairs"] and {p["split"] for p in pairs} == {"train", "val", "test"}
-    assert all(judge(p["chosen"], p["answer"])[1] > judge(p["rejected"], p["answer"])[1] for p in pairs)
-    for stage in ("reward", "dpo"):
-        data = OmegaConf.load(tmp_path / "run" / stage / "config_resolved.yaml").data
-        assert data.source == "jsonl" and data.path == str(comparisons)
-    assert {"rm_score", "kl", "judge_score"} <= set(summary["ppo"])
-    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
-    ppo_config = OmegaConf.load(tmp_path / "run" / "ppo" / "config_resolved.yaml")
-    sft_ckpt = str(
-        tmp_path / "run" / json.loads((tmp_path / "run" / "sft" / "stage.json").read_text())["checkpoint"]
-    )
-    assert ppo_config.init_from.policy == sft_ckpt and ppo_config.data.tokenizer_path == sft_ckpt
-    assert "reward" in ppo_config.init_from.reward
-    # resume after an unfinished ppo: finished stages are skipped, ppo runs again in a fresh folder
-    (tmp_path / "run" / "ppo" / "stage.json").unlink()
-    cfg.stages = ["pretrain", "sft", "label", "reward", "ppo"]
-    again = chain(cfg)
-    assert again["sft"] == summary["sft"] and "ppo" in again and "dpo" not in again
-    assert len(list((tmp_path / "run").glob("ppo.incomplete-*"))) == 1
-    assert "ppo judge_score" in capsys.readouterr().out  # the printed table
-
-
-def test_chain_feeds_on_the_checkpoint_judged_best_not_the_latest(tmp_path, cache_dir):
-    # two checkpoints kept, "best" by the highest val/loss: the earlier one, unless the loss rose
-    cfg = OmegaConf.load(REPO / "lit_transformers" / "conf" / "instructgpt.yaml")
-    del cfg["hydra"]
-    cfg.run_dir = str(tmp_path / "run")
-    cfg.stages = ["pretrain"]
-    cfg.common = [
-        *TINY,
-        f"paths.cache_dir={cache_dir}",
-        "data.vocab_size=300",
-        "trainer.max_steps=4",
-        "trainer.val_check_interval=2",
-        "callbacks.model_checkpoint.save_top_k=2",
-        "callbacks.model_checkpoint.mode=max",
-        "test=false",
-    ]
-    chain(cfg)
-    stage = tmp_path / "run" / "pretrain"
-    with open(stage / "csv" / "metrics.csv") as f:
-        losses = {
-            int(row["step"]): float(row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")
-        }
-    worst = max(losses, key=losses.get) + 1  # the CSV's step of a validation is the checkpoint's step - 1
-    expected = stage / "checkpoints" / f"step_{worst:06d}.ckpt"
-    assert expected.is_file() and len(list((stage / "checkpoints").glob("step_*.ckpt"))) == 2
-    stored = json.loads((stage / "stage.json").read_text())["checkpoint"]
-    assert stored == str(
-        expected.relative_to(tmp_path / "run")
-    )  # relative to run_dir: valid from any directory
-
-
-def test_chain_resumes_from_another_directory(tmp_path, cache_dir, monkeypatch):
-    # started with a relative run_dir in a clone, continued from elsewhere with the run folder's absolute path
-    clone, elsewhere = tmp_path / "clone", tmp_path / "elsewhere"
-    clone.mkdir()
-    elsewhere.mkdir()
-    monkeypatch.chdir(clone)
-    chain(_tiny_chain("logs/x", ["pretrain", "sft", "label"], cache_dir))
-    monkeypatch.chdir(elsewhere)
-    run = clone / "logs" / "x"
-    summary = chain(_tiny_chain(run, ["pretrain", "sft", "label", "reward"], cache_dir))
-    assert list(summary) == ["pretrain", "sft", "label", "reward"]
-    reward_config = OmegaConf.load(run / "reward" / "config_resolved.yaml")
-    assert Path(reward_config.data.path) == run / "label" / "comparisons.jsonl"
-    assert [Path(reward_config.init_from)] == list((run / "sft" / "checkpoints").glob("step_*.ckpt"))
-    assert not (elsewhere / "logs").exists()
-
-
-def test_label_stage_samples_the_trained_sft_policy_without_a_random_weights_warning(
-    tmp_path, cache_dir, caplog
-):
-    with caplog.at_level(logging.WARNING, logger="lit_transformers"):
-        chain(_tiny_chain(tmp_path / "run", ["pretrain", "sft", "label"], cache_dir))
-    assert (tmp_path / "run" / "label" / "comparisons.jsonl").is_file()
-    assert "random weights" not in caplog.text
-    # a stage really started without its parent still says so
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="lit_transformers"):
-        chain(_tiny_chain(tmp_path / "alone", ["sft"], cache_dir))
-    assert "SFTTask starts from random weights" in caplog.text
-
-
-def test_a_finished_stage_whose_file_is_gone_is_refused_naming_what_to_delete(tmp_path, cache_dir):
-    # e.g. a stage.json of an older version, its path relative to the directory the chain was started in
-    marker = tmp_path / "run" / "label" / "stage.json"
-    marker.parent.mkdir(parents=True)
-    marker.write_text(json.dumps({"comparisons": "logs/x/label/comparisons.jsonl", "test": {}}))
-    cfg = _tiny_chain(tmp_path / "run", ["label"], cache_dir)
-    missing = tmp_path / "run" / "logs" / "x" / "label" / "comparisons.jsonl"
-    assert_user_error(lambda: chain(cfg), str(missing), f"delete {marker}")
+def test_the_stages_show_the_step_bar_of_every_experiment_across_epochs(compose_cfg, capfd):
+    default = compose_cfg().callbacks.progress_bar
+    for experiment in INSTRUCT_EXPERIMENTS:
+        assert compose_cfg(f"experiment={experiment}").callbacks.progress_bar == default, experiment
+    shown = [o for o in TINY if not o.startswith("callbacks.progress_bar")]
+    cfg = compose_cfg("experiment=gpt_sft", *shown, *TINY_DATA, *TINY_TASK, "test=false")
+    datamodule = instantiate(cfg.data)
+    datamodule.setup()
+    steps = len(datamodule.train_dataloader()) + 2  # into a second epoch
+    cfg.trainer.max_steps = cfg.trainer.val_check_interval = steps
+    capfd.readouterr()
+    train(cfg)
+    shown = "".join(capfd.readouterr())
+    # one bar to the last step, not one bar per epoch ("Epoch 1: 100%| 6/6" of TQDM)
+    assert f"{steps}/{steps}" in shown and "Epoch" not in shown, shown[-2000:]

@@ -28,6 +28,27 @@ from lit_transformers.utils.checkpoints import read_checkpoint
 
 log = logging.getLogger(__name__)
 
+# model config fields that say how a model trains, not what it is: a run may set them apart from its init_from parent
+TRAINING_FIELDS = ("dropout", "attn_dropout")
+
+
+def parent_model_config(checkpoint: Mapping, ours: Mapping) -> dict:
+    """The fields of the model config that ``checkpoint`` was trained with which its weights depend on (all but
+    :data:`TRAINING_FIELDS`) and which differ from ``ours``; none for another kind of model (``_target_``)."""
+    theirs = checkpoint.get("hyper_parameters", {}).get("model") or {}
+    if theirs.get("_target_") != ours.get("_target_"):
+        return {}
+    return {
+        k: v
+        for k, v in theirs.items()
+        if k not in TRAINING_FIELDS and not k.startswith("_") and ours.get(k) != v
+    }
+
+
+def as_override(value) -> str:
+    """``value`` as a command-line override writes it (``null``, ``true``)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
 
 @contextmanager
 def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
@@ -198,10 +219,22 @@ class Task(L.LightningModule):
                     f"this run's data ({self.tokenizer.vocab_size} tokens); set data.tokenizer_path={path} "
                     "to train with the parent's tokenizer"
                 )
+            weights = checkpoint
             dropped = tuple(h.removeprefix(prefix) for h in self.dropped_heads if h.startswith(prefix))
             if dropped:  # e.g. a classifier fine-tuned from a pretraining checkpoint leaves its MLM/NSP heads
-                checkpoint = {k: v for k, v in model_weights(checkpoint).items() if not k.startswith(dropped)}
-            fresh = load_weights(self.get_submodule(target), path, new, checkpoint)
+                weights = {k: v for k, v in model_weights(checkpoint).items() if not k.startswith(dropped)}
+            try:
+                fresh = load_weights(self.get_submodule(target), path, new, weights)
+            except ValueError as err:
+                ours = self.hparams.get("model") or {}
+                differ = parent_model_config(checkpoint, ours)
+                if not differ:
+                    raise
+                raise ValueError(
+                    f"init_from={path} was trained with another model config than this run's "
+                    f"({', '.join(f'model.{k}={as_override(ours.get(k))}' for k in differ)}), and its weights fit "
+                    f"only its own: add {' '.join(f'model.{k}={as_override(v)}' for k, v in differ.items())}"
+                ) from err
             log.info(
                 "init_from: loaded %s into %s%s",
                 path,

@@ -6,6 +6,7 @@ import contextlib
 import shlex
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -41,25 +42,37 @@ def run_summary(trainer: L.Trainer, loggers: list[Logger], run_dir: str | Path) 
     return "\n".join(lines)
 
 
+def this_command(*replaced: str) -> list[str]:
+    """The command line this process was started with, quoted, its overrides of the keys ``replaced`` left out
+    (so the caller can append new values)."""
+    started_as = getattr(sys.modules["__main__"], "__spec__", None)  # python -m <module>; None for a file
+    if started_as is not None:
+        program = f"python -m {started_as.name}"
+    else:
+        program = f"python {sys.argv[0]}" if sys.argv[0].endswith(".py") else Path(sys.argv[0]).name
+    overrides = [
+        o for o in HydraConfig.get().overrides.task if o.split("=", 1)[0].lstrip("+~") not in replaced
+    ]
+    return [program, *map(shlex.quote, overrides)]
+
+
 def resume_command(checkpoint: str) -> str:
     """The command line of this run, continuing in its own folder from ``checkpoint``."""
-    program = f"python {sys.argv[0]}" if sys.argv[0].endswith(".py") else Path(sys.argv[0]).name
-    hydra = HydraConfig.get()
-    overrides = [o for o in hydra.overrides.task if o.split("=", 1)[0].lstrip("+~") != "ckpt_path"]
-    arguments = [*overrides, f"ckpt_path={checkpoint}", f"hydra.run.dir={hydra.runtime.output_dir}"]
-    return " ".join([program, *map(shlex.quote, arguments)])
+    arguments = [f"ckpt_path={checkpoint}", f"hydra.run.dir={HydraConfig.get().runtime.output_dir}"]
+    return " ".join([*this_command("ckpt_path"), *map(shlex.quote, arguments)])
 
 
 @contextlib.contextmanager
-def report_interruptions():
-    """A run stopped by a signal says where its checkpoint is and how to resume, and exits 130 (SIGINT) or
-    143 (SIGTERM). Outside training, Lightning's ``SIGTERMException`` (status 0) gets the same status 143."""
+def report_interruptions(resume: Callable[[str], str] = resume_command):
+    """A run stopped by a signal says where its checkpoint is and how to resume (``resume(checkpoint)``: the
+    command line), and exits 130 (SIGINT) or 143 (SIGTERM). Outside training, Lightning's ``SIGTERMException``
+    (status 0) gets the same status 143."""
     try:
         yield
     except Interrupted as stop:
         if rank_zero_only.rank == 0:
             if stop.checkpoint:
-                saved = f"saved {stop.checkpoint}\nResume with:\n  {resume_command(stop.checkpoint)}"
+                saved = f"saved {stop.checkpoint}\nResume with:\n  {resume(stop.checkpoint)}"
             else:
                 saved = "nothing saved: checkpointing is off (trainer.enable_checkpointing=false)"
             print(f"\nStopped by {stop.signal_name} after step {stop.step}; {saved}", file=sys.stderr)

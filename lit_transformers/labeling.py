@@ -1,0 +1,93 @@
+"""The chain's label stage, InstructGPT's labelers: the SFT policy samples several responses to every prompt, the
+judge ranks them (with the right answer and a corrupted one), and every pair of different verdicts becomes a TRL
+preference record (``prompt``/``chosen``/``rejected``) in ``<run>/label/comparisons.jsonl``, which the reward model
+and DPO train on. Pairs made only from synthetic corruptions teach a reward model the corruptions, not the policy's
+own mistakes, and PPO then has nothing true to climb (docs/instructgpt.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from lit_transformers.tasks import SFTTask
+from lit_transformers.tasks.instruct import decode_responses, rollout
+from lit_transformers.text import left_pad
+from lit_transformers.text.instructions import judge
+
+PROMPTS_PER_ROLLOUT = 64  # the label stage samples this many prompts (x samples_per_prompt) at once
+
+
+def ranked_pairs(scores: dict[str, float]) -> Iterator[tuple[str, str]]:
+    """(better, worse) for every two candidates whose scores differ."""
+    return ((b, w) for b, s_b in scores.items() for w, s_w in scores.items() if s_b > s_w)
+
+
+@torch.no_grad()
+def label_comparisons(
+    policy_ckpt: str,
+    data_cfg: DictConfig,
+    out: Path,
+    samples_per_prompt: int,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+) -> dict[str, float]:
+    """The judge ranks ``samples_per_prompt`` responses of the policy to every prompt of every split, with the
+    record's right answer and its corruption; each two candidates with different graded scores make a pair.
+    Writes the pairs to ``out`` (JSONL, TRL's fields plus ``answer`` and ``split``) and returns their count and
+    the samples' mean judge scores."""
+    data = instantiate(data_cfg, format="sft", _convert_="all")
+    data.setup()
+    tok = data.tokenizer
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    policy = SFTTask.load_from_checkpoint(policy_ckpt, map_location=device, weights_only=True).model
+    generator = torch.Generator(device).manual_seed(seed)
+    stats = {"pairs": 0.0, "sample_judge_exact": 0.0, "sample_judge_score": 0.0}
+    n_samples = 0
+    tmp = out.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for split, records in data.records().items():
+            if any(r.get("answer") is None for r in records):
+                raise ValueError(
+                    f"The label stage needs an answer in every record for the judge ({split} split lacks some);"
+                    " bring your own comparisons with data.source=jsonl in the reward and dpo stages instead"
+                )
+            items = data.datasets[split]
+            for start in range(0, len(items), PROMPTS_PER_ROLLOUT):
+                rows = slice(start, start + PROMPTS_PER_ROLLOUT)
+                chunk = records[rows]
+                ids, mask = left_pad([it["prompt"] for it in items[rows]] * samples_per_prompt, tok.pad_id)
+                generated = rollout(
+                    policy, tok, ids.to(device), mask.to(device), max_new_tokens, temperature, generator
+                )
+                texts = decode_responses(tok, generated.responses, generated.response_mask)
+                for i, record in enumerate(chunk):
+                    samples = texts[i :: len(chunk)]
+                    verdicts = [judge(t, record["answer"]) for t in samples]
+                    stats["sample_judge_exact"] += sum(v[0] for v in verdicts)
+                    stats["sample_judge_score"] += sum(v[1] for v in verdicts)
+                    n_samples += len(samples)
+                    scored = {
+                        t: judge(t, record["answer"])[1] for t in (record["completion"], record["rejected"])
+                    }
+                    scored |= {t: v[1] for t, v in zip(samples, verdicts)}
+                    for better, worse in ranked_pairs(scored):
+                        pair = {
+                            "prompt": record["prompt"],
+                            "chosen": better,
+                            "rejected": worse,
+                            "answer": record["answer"],
+                            "split": split,
+                        }
+                        f.write(json.dumps(pair) + "\n")
+                        stats["pairs"] += 1
+    tmp.replace(out)
+    stats["sample_judge_exact"] /= n_samples
+    stats["sample_judge_score"] /= n_samples
+    return stats
