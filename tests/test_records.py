@@ -85,6 +85,8 @@ def test_bad_files_are_errors_naming_the_file_the_line_and_the_column(tmp_path, 
 def test_a_missing_file_names_the_setting(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"missing.csv not found; set data.path=<file>"):
         read_records(tmp_path / "missing.csv", TABLES_AND_JSONL, SETTING)
+    with pytest.raises(ValueError, match=r"No data file is set; set data.path=<file>"):  # not Path(None)
+        read_records(None, TABLES_AND_JSONL, SETTING)
 
 
 def test_text_fields_refuse_missing_empty_and_non_text_values_by_name(tmp_path):
