@@ -152,3 +152,19 @@ def test_max_positions_follows_the_model_and_max_length_may_not_exceed_it(compos
         "data.max_length=300",
         "lower data.max_length or raise model.max_len",
     )
+
+
+def test_conll_sentences_cut_at_max_seq_len_are_counted_in_the_log(tmp_path, caplog):
+    path = tmp_path / "train.conll"
+    long_sentence = "".join(f"word{i} O\n" for i in range(20))  # 20 words: more than 8 WordPieces
+    path.write_text("".join(f"w{i} B-X\nx O\n\n" for i in range(30)) + long_sentence + "\n")
+    dm = TokenClassificationDataModule(path=str(path), max_seq_len=8, cache_dir=str(tmp_path / "cache"))
+    with caplog.at_level("WARNING", logger="lit_transformers.data.token_classification"):
+        dm.setup()
+    (message,) = [r.getMessage() for r in caplog.records if "max_seq_len" in r.getMessage()]
+    split = next(
+        name for name, sentences in dm.splits.items() if any(len(s["words"]) == 20 for s in sentences)
+    )
+    assert message.startswith(
+        f"1 of {len(dm.splits[split])} {split} sentences are longer than data.max_seq_len=8"
+    )

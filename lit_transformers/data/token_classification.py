@@ -40,11 +40,11 @@ def read_conll(
             if first is None:
                 tabbed = "\t" in line.strip()
             columns = [c.strip() for c in line.strip().split("\t")] if tabbed else line.split()
+            if len(columns) < 2:
+                raise ValueError(
+                    f"{where(path, n)}: {line.strip()!r} has no label column; write 'word label'"
+                )
             if first is None:
-                if len(columns) < 2:
-                    raise ValueError(
-                        f"{where(path, n)}: {line.strip()!r} has no label column; write 'word label'"
-                    )
                 first = n, len(columns)
             elif len(columns) != first[1]:
                 separator = (
@@ -145,14 +145,26 @@ class TokenClassificationDataModule(TextDataModule):
         for name, sentences in self.splits.items():
             if not sentences:
                 raise ValueError(f"The {name} split has no sentences; add data or raise data.{name}_fraction")
-            self.datasets[name] = []
+            self.datasets[name], cut = [], 0
             for s in sentences:
                 pieces = tok.encode_batch(s["words"])
                 ids, labels = align_labels(
                     pieces, [label_id[x] for x in s["labels"]], *specials, h.max_seq_len
                 )
+                cut += sum(label != IGNORE_INDEX for label in labels) < len(s["words"])
                 self.datasets[name].append(
                     {"input_ids": ids, "token_type_ids": [0] * len(ids), "labels": labels}
+                )
+            if (
+                cut
+            ):  # as Hugging Face's run_ner truncates, but said, with the count: the cut words are not scored
+                log.warning(
+                    "%d of %d %s sentences are longer than data.max_seq_len=%d WordPieces: their last words are "
+                    "cut (neither trained on nor scored); raise data.max_seq_len to keep them",
+                    cut,
+                    len(sentences),
+                    name,
+                    h.max_seq_len,
                 )
         self.collate = EncoderCollator(tok, label_key="labels")
         log.info("Sentences: %s, labels %s", {n: len(d) for n, d in self.datasets.items()}, self.class_names)

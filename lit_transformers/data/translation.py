@@ -281,7 +281,7 @@ class TranslationDataModule(TextDataModule):
             targets = tok.encode_batch([t for _, t in pairs])
             # the model reads source + EOS and target + EOS (labels) or BOS + target (decoder input)
             lengths = [max(len(s), len(t)) + 1 for s, t in zip(sources, targets)]
-            if name == "train":  # training drops the longest pairs (fairseq's and HF's max lengths do too)
+            if name == "train":  # training drops the longest pairs, as fairseq's training iterator does
                 kept = [i for i, n in enumerate(lengths) if n <= h.max_length]
             else:
                 self._check_lengths(name, pairs, lengths)
@@ -298,7 +298,7 @@ class TranslationDataModule(TextDataModule):
                 [examples[i] for i in b]
                 for b in token_budget_batches([lengths[i] for i in kept], h.max_tokens)
             ]
-            if len(examples) < len(pairs):
+            if name == "train" and len(examples) < len(pairs):
                 log.info(
                     "Training on %d of %d pairs (the rest exceed data.max_length)", len(examples), len(pairs)
                 )
@@ -307,16 +307,17 @@ class TranslationDataModule(TextDataModule):
     def _check_lengths(self, name: str, pairs: list[Pair], lengths: list[int]) -> None:
         """Refuse, before the first step, a validation or test pair the model cannot read, rather than fail at
         the validation that reaches it. Evaluation scores every pair (its BLEU must count them all), so none
-        is dropped or cut: as fairseq refuses such pairs (unless --skip-invalid-size-inputs-valid-test)."""
+        is dropped or cut: fairseq refuses such pairs too (unless --skip-invalid-size-inputs-valid-test),
+        where HF's run_translation.py would silently score a truncated source."""
         h = self.hparams
         too_long = [i for i, n in enumerate(lengths) if n > h.max_positions]
         if too_long:
             i = too_long[0]
             raise ValueError(
-                f"{self.where(pairs[i])}: the {name} pair {pairs[i][0][:60]!r} is {lengths[i]} tokens long (with "
-                f"EOS), longer than the model takes (data.max_positions={h.max_positions}, the model's max_len), "
-                f"and so are {len(too_long) - 1} more {name} pairs; evaluation scores every pair, so raise "
-                "model.max_len or remove them from the data"
+                f"{self.where(pairs[i])}: the {name} pair {pairs[i][0][:60]!r} is {lengths[i]} tokens long (EOS "
+                f"included), more than the model takes (data.max_positions={h.max_positions}, the model's max_len); "
+                f"{len(too_long)} {name} pair(s) are. Evaluation scores every pair, so raise model.max_len or "
+                "remove them from the data"
             )
 
     def _dataloader(self, split: str, shuffle: bool):
