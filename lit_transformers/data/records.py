@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import codecs
 import csv
-import io
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,22 +76,35 @@ def check_encoding(encoding: str, key: str = "data.encoding") -> None:
         ) from err
 
 
-def open_text(path: Path, encoding: str = "utf-8") -> io.StringIO:
-    """The text of a data file in ``encoding``, as a file read with ``newline=""`` is (line ends kept as they
+def text_lines(path: Path, encoding: str = "utf-8") -> Iterator[str]:
+    """The lines of a data file in ``encoding``, read as ``open(newline="")`` reads them (line ends kept as they
     are), without a UTF-8 byte-order mark (it would stick to the first field, or make a ``'\ufefftext'``
     header column). A byte that is not text in that encoding is an error naming the line and the fix."""
     check_encoding(encoding)
     # utf-8-sig reads UTF-8 and drops a leading byte-order mark, as Python's own csv examples and pandas do
     codec = "utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding
-    data = path.read_bytes()
-    try:
-        return io.StringIO(data.decode(codec), newline="")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].decode(codec, errors="replace").count("\n") + 1
-        raise ValueError(
-            f"{where(path, line)}: byte {data[err.start : err.start + 1]!r} is not {encoding} text; set "
-            "data.encoding=<the file's encoding, e.g. latin-1 or cp1252>, or convert the file to UTF-8"
-        ) from None
+    with open(path, encoding=codec, newline="") as f:
+        try:
+            yield from f
+        except UnicodeDecodeError as err:
+            bad = err.object[err.start : err.start + 1]
+            raise ValueError(
+                f"{where(path, _undecodable_line(path, codec))}: byte {bad!r} is not {encoding} text; set "
+                "data.encoding=<the file's encoding, e.g. latin-1 or cp1252>, or convert the file to UTF-8"
+            ) from None
+
+
+def _undecodable_line(path: Path, codec: str) -> int:
+    """The line of the first byte of the file that ``codec`` cannot decode: the text file decodes a block at a
+    time, ahead of the line it yields, so the file is decoded again piece by piece, counting line ends."""
+    decoder, line = codecs.getincrementaldecoder(codec)(), 1
+    with open(path, "rb") as f:
+        for piece in f:
+            try:
+                line += decoder.decode(piece).count("\n")
+            except UnicodeDecodeError:
+                break
+    return line
 
 
 def read_records(
@@ -109,20 +121,20 @@ def read_records(
     ``columns`` names the fields of a table without a header: each line is split on the delimiter as it is
     (no quoting) and must have exactly that many fields. ``encoding``: the file's text encoding."""
     path = data_file(path, suffixes, setting)
-    with open_text(path, encoding) as f:
-        if path.suffix.lower() in JSONL:
-            return list(_json_lines(path, f, required or {}))
-        delimiter = TABLES[path.suffix.lower()]
-        if columns is not None:
-            return list(
-                _fixed_rows(path, csv.reader(f, delimiter=delimiter, quoting=csv.QUOTE_NONE), columns)
-            )
-        reader = csv.reader(f, delimiter=delimiter)
-        header = next(reader, [])
-        for name, fix in (required or {}).items():
-            if name not in header:
-                raise ValueError(f"{where(path, 1)}: no column {name!r} (columns: {header}); {fix}")
-        return list(_fixed_rows(path, reader, header))
+    lines = text_lines(path, encoding)
+    if path.suffix.lower() in JSONL:
+        return list(_json_lines(path, lines, required or {}))
+    delimiter = TABLES[path.suffix.lower()]
+    if columns is not None:
+        return list(
+            _fixed_rows(path, csv.reader(lines, delimiter=delimiter, quoting=csv.QUOTE_NONE), columns)
+        )
+    reader = csv.reader(lines, delimiter=delimiter)
+    header = next(reader, [])
+    for name, fix in (required or {}).items():
+        if name not in header:
+            raise ValueError(f"{where(path, 1)}: no column {name!r} (columns: {header}); {fix}")
+    return list(_fixed_rows(path, reader, header))
 
 
 def _fixed_rows(path: Path, reader, columns: Sequence[str]) -> Iterable[Record]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lit_transformers.data.base import TextDataModule
 from lit_transformers.data.bert import EncoderCollator
-from lit_transformers.data.records import data_file, file_identity, open_text, where
+from lit_transformers.data.records import data_file, file_identity, text_lines, where
 from lit_transformers.text import IGNORE_INDEX, split_by_fractions
 
 log = logging.getLogger(__name__)
@@ -30,33 +30,28 @@ def read_conll(
     path = data_file(path, None, f"{setting}=<CoNLL file: word ... label per line>")
     sentences, words, labels, start = [], [], [], 1
     tabbed, first = False, None  # the file's separator and its first word line: (line number, column count)
-    with open_text(path, encoding) as f:
-        for n, line in enumerate([*f, "\n"], 1):
-            if not line.strip() or line.split()[0] == "-DOCSTART-":
-                if words:
-                    sentences.append({"words": words, "labels": labels, "where": where(path, start)})
-                words, labels, start = [], [], n + 1
-                continue
-            if first is None:
-                tabbed = "\t" in line.strip()
-            columns = [c.strip() for c in line.strip().split("\t")] if tabbed else line.split()
-            if len(columns) < 2:
-                raise ValueError(
-                    f"{where(path, n)}: {line.strip()!r} has no label column; write 'word label'"
-                )
-            if first is None:
-                first = n, len(columns)
-            elif len(columns) != first[1]:
-                separator = (
-                    "tabs" if tabbed else "spaces (a word holding a space needs tab-separated columns)"
-                )
-                raise ValueError(
-                    f"{where(path, n)}: {line.strip()!r} has {len(columns)} columns where the file's first word "
-                    f"line ({where(path, first[0])}) has {first[1]}; every word line needs the same columns, the "
-                    f"label last, separated by {separator}"
-                )
-            words.append(columns[0])
-            labels.append(columns[-1])
+    for n, line in enumerate([*text_lines(path, encoding), "\n"], 1):
+        if not line.strip() or line.split()[0] == "-DOCSTART-":
+            if words:
+                sentences.append({"words": words, "labels": labels, "where": where(path, start)})
+            words, labels, start = [], [], n + 1
+            continue
+        if first is None:
+            tabbed = "\t" in line.strip()
+        columns = [c.strip() for c in line.strip().split("\t")] if tabbed else line.split()
+        if len(columns) < 2:
+            raise ValueError(f"{where(path, n)}: {line.strip()!r} has no label column; write 'word label'")
+        if first is None:
+            first = n, len(columns)
+        elif len(columns) != first[1]:
+            separator = "tabs" if tabbed else "spaces (a word holding a space needs tab-separated columns)"
+            raise ValueError(
+                f"{where(path, n)}: {line.strip()!r} has {len(columns)} columns where the file's first word "
+                f"line ({where(path, first[0])}) has {first[1]}; every word line needs the same columns, the "
+                f"label last, separated by {separator}"
+            )
+        words.append(columns[0])
+        labels.append(columns[-1])
     if not sentences:
         raise ValueError(f"{path} holds no sentences")
     return sentences
