@@ -33,7 +33,9 @@ def test_entity_counts_need_exact_type_and_boundaries():
 
 def test_read_conll_and_label_alignment(tmp_path):
     path = tmp_path / "a.conll"
-    path.write_text("-DOCSTART- -X- O O\n\nEU NNP B-ORG\nrejects VBZ O\n\n\nPeter B-PER\nBlackburn I-PER\n")
+    path.write_text(
+        "-DOCSTART- -X- O O\n\nEU NNP B-ORG\nrejects VBZ O\n\n\nPeter NNP B-PER\nBlackburn NNP I-PER\n"
+    )
     sentences = read_conll(path)
     assert [s["words"] for s in sentences] == [["EU", "rejects"], ["Peter", "Blackburn"]]
     assert sentences[0]["labels"] == ["B-ORG", "O"] and sentences[0]["where"].endswith("a.conll:3")

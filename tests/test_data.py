@@ -172,3 +172,17 @@ def test_split_shorter_than_one_window_names_the_fix(tmp_path):
     dm = _datamodule(tmp_path, block_size=4096)
     with pytest.raises(ValueError, match="model.block_size"):
         dm.setup("fit")
+
+
+def test_shards_refuse_another_tokenizer_naming_both_fixes(tmp_path):
+    """data.tokenizer_path may be the user's or the one ckpt_path= set: the message names the fix for each."""
+    shards = tmp_path / "shards"
+    _datamodule(tmp_path, shards_dir=str(shards), prepare_workers=0).write_shards()
+    other = tmp_path / "other.json"
+    Tokenizer.train(["another text entirely"] * 20, "char", 64).save(other)
+    dm = _datamodule(tmp_path, shards_dir=str(shards), tokenizer_path=str(other))
+    with pytest.raises(ValueError) as error:
+        dm.setup()
+    message = str(error.value)
+    assert "If you set it, drop it" in message
+    assert f"lit-prepare data.shards_dir=<new folder> data.tokenizer_path={other}" in message

@@ -34,7 +34,7 @@ HOMES = {
     MaskedLMDataModule: ("bert", ["model=bert_tiny"]),
     TextClassificationDataModule: ("gettext_language_id", []),
     TokenClassificationDataModule: ("conll", []),
-    TranslationDataModule: ("translation", []),
+    TranslationDataModule: ("translation", ["model=transformer_tiny"]),
     InstructionDataModule: ("instructions", []),
     CaptionDataModule: ("digit_captions", []),
     ImageClassificationDataModule: ("digits", []),

@@ -85,6 +85,8 @@ def test_bad_files_are_errors_naming_the_file_the_line_and_the_column(tmp_path, 
 def test_a_missing_file_names_the_setting(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"missing.csv not found; set data.path=<file>"):
         read_records(tmp_path / "missing.csv", TABLES_AND_JSONL, SETTING)
+    with pytest.raises(ValueError, match=r"No data file is set; set data.path=<file>"):  # not Path(None)
+        read_records(None, TABLES_AND_JSONL, SETTING)
 
 
 def test_text_fields_refuse_missing_empty_and_non_text_values_by_name(tmp_path):
@@ -123,3 +125,18 @@ def test_file_identity_is_the_files_size_and_modification_time(tmp_path):
     assert file_identity([path, tmp_path, None]) == [[str(path), stat.st_size, stat.st_mtime_ns], None, None]
     path.write_text("text\nmore\n")
     assert file_identity([path])[0][1] == len("text\nmore\n")
+
+
+def test_a_byte_that_is_not_text_is_named_at_its_line_even_blocks_into_the_file(tmp_path):
+    path = tmp_path / "data.csv"
+    rows = [f"row {i} with some text,label\n".encode() for i in range(2000)]
+    rows[1499] = "row 1499 Hallé,label\n".encode("latin-1")  # text files decode ahead, a block at a time
+    path.write_bytes(b"text,label\n" + b"".join(rows))
+    with pytest.raises(
+        ValueError, match=r"data.csv:1501: byte b'\\xe9' is not utf-8 text; set data.encoding="
+    ):
+        read_records(path, TABLES_AND_JSONL, SETTING)
+    assert (
+        read_records(path, TABLES_AND_JSONL, SETTING, encoding="latin-1")[1499].fields["text"]
+        == "row 1499 Hallé"
+    )

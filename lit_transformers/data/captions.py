@@ -29,15 +29,17 @@ def read_caption_table(
     image_key: str = "image",
     caption_key: str = "caption",
     image_root: str | Path | None = None,
+    encoding: str = "utf-8",
 ) -> dict[Path, list[str]]:
-    """{image path: its captions} from a .csv (header row) or .jsonl file
+    """{image path: its captions} from a .csv (header row) or .jsonl file in ``encoding``
     (:func:`lit_transformers.data.records.read_records`); relative paths are taken from ``image_root``
     (default: the file's folder)."""
     required = {
         image_key: "rename it or set data.image_key",
         caption_key: "rename it or set data.caption_key",
     }
-    rows = read_records(path, (".csv", ".jsonl"), "data.path=<.csv or .jsonl of image, caption>", required)
+    setting = "data.path=<.csv or .jsonl of image, caption>"
+    rows = read_records(path, (".csv", ".jsonl"), setting, required, encoding=encoding)
     if not rows:
         raise ValueError(
             f"Caption file {path} has no rows; it needs '{image_key}' and '{caption_key}' columns"
@@ -133,6 +135,7 @@ class CaptionDataModule(TextDataModule):
         image_root: str | None = None,
         image_key: str = "image",
         caption_key: str = "caption",
+        encoding: str = "utf-8",
         train_templates: Sequence[str] = TRAIN_TEMPLATES,
         test_templates: Sequence[str] = TEST_TEMPLATES,
         vocab_size: int = 512,
@@ -173,7 +176,7 @@ class CaptionDataModule(TextDataModule):
         h = self.hparams
         if h.path is None:
             raise ValueError("data.path is required for source=table; set data.path=<.csv or .jsonl>")
-        table = read_caption_table(h.path, h.image_key, h.caption_key, h.image_root)
+        table = read_caption_table(h.path, h.image_key, h.caption_key, h.image_root, h.encoding)
         paths = list(table)
         parts = split_by_fractions([str(p) for p in paths], h.val_fraction, h.test_fraction, h.seed, "images")
         splits = {name: ImageFiles([paths[i] for i in idx]) for name, idx in parts.items()}

@@ -8,7 +8,6 @@ references and sizes, so that ``lit-prepare`` splits a corpus larger than memory
 
 from __future__ import annotations
 
-import codecs
 import functools
 import hashlib
 import json
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lit_transformers.data.records import file_identity
+from lit_transformers.data.records import check_encoding, file_identity
 from lit_transformers.text import split_by_fractions
 
 Document = tuple[str, str]
@@ -113,12 +112,7 @@ def _corpus_path(path: str | None, encoding: str) -> Path:
     """The file or folder of a ``source=path`` corpus, once its encoding is known to exist."""
     if not path:
         raise ValueError("data.corpus.source=path needs data.corpus.path=<file.txt or folder of .txt files>")
-    try:
-        codecs.lookup(encoding)
-    except LookupError as err:
-        raise ValueError(
-            f"Unknown data.corpus.encoding={encoding!r}; set it to a Python codec name such as utf-8 or latin-1"
-        ) from err
+    check_encoding(encoding, "data.corpus.encoding")
     root = Path(path).expanduser()
     if not root.exists():
         raise FileNotFoundError(f"Data file {root} not found; set data.corpus.path=<file.txt or folder>")

@@ -52,11 +52,12 @@ def common_words(corpus: CorpusSpec, n: int, min_len: int = 3, max_len: int = 7)
     return [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
 
 
-def read_jsonl(path: str | Path, fields: tuple[str, ...]) -> list[dict]:
-    """Records of a JSONL file (:func:`lit_transformers.data.records.read_records`): a malformed line, a missing
-    field or one that is not text is an error naming the file, the line and the field."""
+def read_jsonl(path: str | Path, fields: tuple[str, ...], encoding: str = "utf-8") -> list[dict]:
+    """Records of a JSONL file in ``encoding`` (:func:`lit_transformers.data.records.read_records`): a malformed
+    line, a missing field or one that is not text is an error naming the file, the line and the field."""
     required = dict.fromkeys(fields, f"records need {list(fields)}")
-    return text_records(read_records(path, JSONL, "data.path=<file.jsonl>", required), fields, str(path))
+    records = read_records(path, JSONL, "data.path=<file.jsonl>", required, encoding=encoding)
+    return text_records(records, fields, str(path))
 
 
 def text_records(records: list[Record], fields: tuple[str, ...], source: str) -> list[dict]:
@@ -66,6 +67,7 @@ def text_records(records: list[Record], fields: tuple[str, ...], source: str) ->
     for record in records:
         for name in fields:
             record.text(name, empty=True)
+        record.text("answer", optional=True, empty=True)  # the judge compares it with generated text
     return [dict(record.fields) for record in records]
 
 
@@ -226,6 +228,7 @@ class InstructionDataModule(TextDataModule):
         max_length: int = 128,
         packing: bool = False,
         batch_size: int = 32,
+        encoding: str = "utf-8",
         **shared,
     ):
         super().__init__(**shared)
@@ -250,7 +253,7 @@ class InstructionDataModule(TextDataModule):
                 words = common_words(CorpusSpec(**(h.corpus or {})), h.n_words)
                 records = make_examples(words, h.n_examples, list(h.kinds), h.min_words, h.max_words, h.seed)
             elif h.source == "jsonl":
-                records = read_jsonl(h.path, FIELDS[h.format])
+                records = read_jsonl(h.path, FIELDS[h.format], h.encoding)
             else:
                 if not h.path:
                     raise ValueError("data.source=hub needs data.path=<dataset name or save_to_disk folder>")

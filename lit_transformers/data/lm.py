@@ -131,9 +131,12 @@ class CausalLMDataModule(CorpusDataModule):
         streams, self.tokenizer, settings = read_shards(h.shards_dir)
         # the shards' tokenizer and split are fixed when they are written: a different one asked for now is an error
         if h.tokenizer_path and Tokenizer.from_file(h.tokenizer_path) != self.tokenizer:
+            # the path is the user's, or the checkpoint of ckpt_path=, whose weights fit only its own tokenizer
             raise ValueError(
-                f"data.tokenizer_path={h.tokenizer_path} is not the tokenizer of the shards in {h.shards_dir}; "
-                "drop data.tokenizer_path (the shards carry theirs) or re-run lit-prepare with it"
+                f"data.tokenizer_path={h.tokenizer_path} is not the tokenizer of the shards in {h.shards_dir}. "
+                f"If you set it, drop it (the shards carry theirs); if it is the checkpoint being resumed or "
+                f"evaluated (ckpt_path=), write shards with its tokenizer: lit-prepare "
+                f"data.shards_dir=<new folder> data.tokenizer_path={h.tokenizer_path}"
             )
         asked = {key: h[key] for key in settings}
         if asked != settings:

@@ -23,16 +23,22 @@ Example = dict  # {"text": str, "text_pair": str | None, "label": str, "where": 
 
 
 def read_labeled_table(
-    path: str | Path, text_field: str = "text", text_pair_field: str = "text_pair", label_field: str = "label"
+    path: str | Path,
+    text_field: str = "text",
+    text_pair_field: str = "text_pair",
+    label_field: str = "label",
+    setting: str = "data.path",
+    encoding: str = "utf-8",
 ) -> list[Example]:
-    """Rows of a .csv, .tsv or .jsonl file with a text column, a label column and optionally a text-pair
-    column (:func:`lit_transformers.data.records.read_records`: errors name the file, the line and the
-    column). JSON labels may be numbers."""
+    """Rows of a .csv, .tsv or .jsonl file (given by the key ``setting``) with a text column, a label column
+    and optionally a text-pair column (:func:`lit_transformers.data.records.read_records`: errors name the
+    file, the line and the column). JSON labels may be numbers."""
     required = {
         text_field: "rename it or set data.text_field",
         label_field: "rename it or set data.label_field",
     }
-    records = read_records(path, (".csv", ".tsv", *JSONL), "data.path=<file.csv|.tsv|.jsonl>", required)
+    suffixes, setting = (".csv", ".tsv", *JSONL), f"{setting}=<file.csv|.tsv|.jsonl>"
+    records = read_records(path, suffixes, setting, required, encoding=encoding)
     if not records:
         raise ValueError(f"{path} holds no examples")
     return [
@@ -50,7 +56,7 @@ class TextClassificationDataModule(TextDataModule):
     """Args: ``source``: gettext (language ID from ``path``, a locale directory, default /usr/share/locale)
     or file (``path`` a .csv/.tsv/.jsonl); ``test_path``: an optional separate test file (its labels must be
     among the training labels); ``languages``, ``max_per_language``, ``min_letters``: the gettext demo;
-    the column names; ``tokenizer_path`` (a parent .ckpt, a Hugging Face BERT directory) or a WordPiece
+    the column names; ``encoding``, the files' text encoding; ``tokenizer_path`` (a parent .ckpt, a Hugging Face BERT directory) or a WordPiece
     trained on the training texts (``vocab_size``, ``lowercase``); ``max_seq_len``; the split fractions."""
 
     tokenizer_kind = "wordpiece"
@@ -73,6 +79,7 @@ class TextClassificationDataModule(TextDataModule):
         batch_size: int = 32,
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
+        encoding: str = "utf-8",
         **shared,
     ):
         super().__init__(val_fraction=val_fraction, test_fraction=test_fraction, **shared)
@@ -93,7 +100,11 @@ class TextClassificationDataModule(TextDataModule):
             raise ValueError(
                 "data.source=file needs data.path=<file.csv|.tsv|.jsonl> with text and label columns"
             )
-        return read_labeled_table(h.path, h.text_field, h.text_pair_field, h.label_field)
+        return self._read(h.path, "data.path")
+
+    def _read(self, path: str, setting: str) -> list[Example]:
+        h = self.hparams
+        return read_labeled_table(path, h.text_field, h.text_pair_field, h.label_field, setting, h.encoding)
 
     @cached_property
     def class_names(self) -> list[str]:
@@ -107,7 +118,7 @@ class TextClassificationDataModule(TextDataModule):
         parts = split_by_fractions(keys, h.val_fraction, test_fraction, h.seed, "examples")
         splits = {name: [self.examples[i] for i in idx] for name, idx in parts.items()}
         if h.test_path:
-            splits["test"] = read_labeled_table(h.test_path, h.text_field, h.text_pair_field, h.label_field)
+            splits["test"] = self._read(h.test_path, "data.test_path")
             known = set(self.class_names)
             for e in splits["test"]:
                 if e["label"] not in known:

@@ -13,35 +13,45 @@ from pathlib import Path
 
 from lit_transformers.data.base import TextDataModule
 from lit_transformers.data.bert import EncoderCollator
-from lit_transformers.data.records import file_identity, where
+from lit_transformers.data.records import data_file, file_identity, text_lines, where
 from lit_transformers.text import IGNORE_INDEX, split_by_fractions
 
 log = logging.getLogger(__name__)
 Sentence = dict  # {"words": [str], "labels": [str], "where": "file:line"}
 
 
-def read_conll(path: str | Path) -> list[Sentence]:
-    """Sentences of a CoNLL file; a line with a single column (no label) is an error naming file and line."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"Data file {path} not found; set data.path=<CoNLL file: word ... label per line>"
-        )
+def read_conll(
+    path: str | Path | None, setting: str = "data.path", encoding: str = "utf-8"
+) -> list[Sentence]:
+    """Sentences of a CoNLL file (``setting`` names the key that gives it). Columns are separated by tabs when
+    the file's first word line has one (a word may then hold spaces: ``New York<TAB>B-LOC``), else by spaces;
+    every word line has as many columns as that first one, at least two. A line with another count is an error
+    naming the file and the line, as is a byte that is not text in ``encoding``."""
+    path = data_file(path, None, f"{setting}=<CoNLL file: word ... label per line>")
     sentences, words, labels, start = [], [], [], 1
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate([*f, "\n"], 1):
-            columns = line.split()
-            if not columns or columns[0] == "-DOCSTART-":
-                if words:
-                    sentences.append({"words": words, "labels": labels, "where": where(path, start)})
-                words, labels, start = [], [], n + 1
-                continue
-            if len(columns) < 2:
-                raise ValueError(
-                    f"{where(path, n)}: {line.strip()!r} has no label column; write 'word label'"
-                )
-            words.append(columns[0])
-            labels.append(columns[-1])
+    tabbed, first = False, None  # the file's separator and its first word line: (line number, column count)
+    for n, line in enumerate([*text_lines(path, encoding), "\n"], 1):
+        if not line.strip() or line.split()[0] == "-DOCSTART-":
+            if words:
+                sentences.append({"words": words, "labels": labels, "where": where(path, start)})
+            words, labels, start = [], [], n + 1
+            continue
+        if first is None:
+            tabbed = "\t" in line.strip()
+        columns = [c.strip() for c in line.strip().split("\t")] if tabbed else line.split()
+        if len(columns) < 2:
+            raise ValueError(f"{where(path, n)}: {line.strip()!r} has no label column; write 'word label'")
+        if first is None:
+            first = n, len(columns)
+        elif len(columns) != first[1]:
+            separator = "tabs" if tabbed else "spaces (a word holding a space needs tab-separated columns)"
+            raise ValueError(
+                f"{where(path, n)}: {line.strip()!r} has {len(columns)} columns where the file's first word "
+                f"line ({where(path, first[0])}) has {first[1]}; every word line needs the same columns, the "
+                f"label last, separated by {separator}"
+            )
+        words.append(columns[0])
+        labels.append(columns[-1])
     if not sentences:
         raise ValueError(f"{path} holds no sentences")
     return sentences
@@ -66,7 +76,8 @@ def align_labels(
 class TokenClassificationDataModule(TextDataModule):
     """Args: ``path`` (CoNLL file, split by fractions unless ``val_path``/``test_path`` are given);
     ``tokenizer_path`` or a WordPiece trained on the training words (``vocab_size``, ``lowercase``);
-    ``max_seq_len``; the split fractions. Labels found only in val/test files are an error naming them."""
+    ``max_seq_len``; the split fractions; ``encoding``, the files' text encoding. Labels found only in
+    val/test files are an error naming them."""
 
     tokenizer_kind = "wordpiece"
     tokenizer_independent = TextDataModule.tokenizer_independent | {"max_seq_len"}
@@ -82,6 +93,7 @@ class TokenClassificationDataModule(TextDataModule):
         batch_size: int = 32,
         val_fraction: float = 0.1,
         test_fraction: float = 0.1,
+        encoding: str = "utf-8",
         **shared,
     ):
         super().__init__(val_fraction=val_fraction, test_fraction=test_fraction, **shared)
@@ -89,16 +101,14 @@ class TokenClassificationDataModule(TextDataModule):
     @cached_property
     def splits(self) -> dict[str, list[Sentence]]:
         h = self.hparams
-        if not h.path:
-            raise ValueError("Token classification needs data.path=<CoNLL file: word ... label per line>")
-        sentences = read_conll(h.path)
+        sentences = read_conll(h.path, "data.path", h.encoding)
         keys = [" ".join(s["words"]) + f"\t{i}" for i, s in enumerate(sentences)]
         fractions = (0.0 if h.val_path else h.val_fraction, 0.0 if h.test_path else h.test_fraction)
         parts = split_by_fractions(keys, *fractions, h.seed, "sentences")
         splits = {name: [sentences[i] for i in idx] for name, idx in parts.items()}
         for name, path in (("val", h.val_path), ("test", h.test_path)):
             if path:
-                splits[name] = read_conll(path)
+                splits[name] = read_conll(path, f"data.{name}_path", h.encoding)
         known = {label for s in splits["train"] for label in s["labels"]}
         for name in ("val", "test"):
             for s in splits[name]:
@@ -130,14 +140,26 @@ class TokenClassificationDataModule(TextDataModule):
         for name, sentences in self.splits.items():
             if not sentences:
                 raise ValueError(f"The {name} split has no sentences; add data or raise data.{name}_fraction")
-            self.datasets[name] = []
+            self.datasets[name], cut = [], 0
             for s in sentences:
                 pieces = tok.encode_batch(s["words"])
                 ids, labels = align_labels(
                     pieces, [label_id[x] for x in s["labels"]], *specials, h.max_seq_len
                 )
+                cut += sum(label != IGNORE_INDEX for label in labels) < len(s["words"])
                 self.datasets[name].append(
                     {"input_ids": ids, "token_type_ids": [0] * len(ids), "labels": labels}
+                )
+            if (
+                cut
+            ):  # as Hugging Face's run_ner truncates, but said, with the count: the cut words are not scored
+                log.warning(
+                    "%d of %d %s sentences are longer than data.max_seq_len=%d WordPieces: their last words are "
+                    "cut (neither trained on nor scored); raise data.max_seq_len to keep them",
+                    cut,
+                    len(sentences),
+                    name,
+                    h.max_seq_len,
                 )
         self.collate = EncoderCollator(tok, label_key="labels")
         log.info("Sentences: %s, labels %s", {n: len(d) for n, d in self.datasets.items()}, self.class_names)

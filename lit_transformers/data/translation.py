@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
 
@@ -67,14 +68,27 @@ def gettext_pairs(locale_dir: str | Path, language: str) -> list[Pair]:
     ]
 
 
-def read_parallel_file(path: str | Path, src_field: str = "src", tgt_field: str = "tgt") -> list[Pair]:
+def read_parallel_file(
+    path: str | Path, src_field: str = "src", tgt_field: str = "tgt", encoding: str = "utf-8"
+) -> list[Pair]:
     """``src<TAB>tgt`` lines of a .tsv (no header, no quoting), or ``{"src": ..., "tgt": ...}`` lines of a
-    .jsonl; errors name the file and the line (:func:`lit_transformers.data.records.read_records`)."""
+    .jsonl, in ``encoding``; errors name the file and the line
+    (:func:`lit_transformers.data.records.read_records`)."""
+    return [pair for pair, _ in located_parallel_file(path, src_field, tgt_field, encoding)]
+
+
+def located_parallel_file(
+    path: str | Path, src_field: str, tgt_field: str, encoding: str
+) -> Iterator[tuple[Pair, str]]:
+    """The pairs of :func:`read_parallel_file`, each with its ``file:line``."""
     setting = "data.path=<file.tsv (src<TAB>tgt) | file.jsonl>"
-    records = read_records(path, (".tsv", ".jsonl"), setting, columns=(src_field, tgt_field))
+    records = read_records(
+        path, (".tsv", ".jsonl"), setting, columns=(src_field, tgt_field), encoding=encoding
+    )
     if not records:
         raise ValueError(f"{path} holds no sentence pairs")
-    return [(r.text(src_field).strip(), r.text(tgt_field).strip()) for r in records]
+    for r in records:
+        yield (r.text(src_field).strip(), r.text(tgt_field).strip()), r.where
 
 
 def hub_pairs(name: str, subset: str | None, split: str, src_lang: str, tgt_lang: str) -> list[Pair]:
@@ -137,12 +151,15 @@ class TranslationDataModule(TextDataModule):
     both sides of the training split (``vocab_size``) or ``tokenizer_path``, or with ``joint_vocab=False`` one
     per side (``src_vocab_size`` / ``source_tokenizer_path`` for the source); ``max_tokens`` per batch per
     device (padding included); pairs longer than ``max_length`` tokens on either side are left out of
-    training; the split fractions (by source sentence: no source is in two splits)."""
+    training, and a validation or test pair longer than ``max_positions`` (the model's ``max_len``) is an
+    error at setup; the split fractions (by source sentence: no source is in two splits); ``encoding``, the
+    file's text encoding."""
 
     tokenizer_independent = TextDataModule.tokenizer_independent | {
         "source_tokenizer_path",
         "max_tokens",
         "max_length",
+        "max_positions",
     }
 
     def __init__(
@@ -162,8 +179,10 @@ class TranslationDataModule(TextDataModule):
         source_tokenizer_path: str | None = None,
         max_tokens: int = 4096,
         max_length: int = 128,
+        max_positions: int = 256,
         val_fraction: float = 0.03,
         test_fraction: float = 0.03,
+        encoding: str = "utf-8",
         **shared,
     ):
         super().__init__(val_fraction=val_fraction, test_fraction=test_fraction, **shared)
@@ -172,6 +191,12 @@ class TranslationDataModule(TextDataModule):
         if max_tokens < 1 or max_length < 1:
             raise ValueError(
                 f"data.max_tokens={max_tokens} and data.max_length={max_length} must be at least 1"
+            )
+        if max_length > max_positions:
+            raise ValueError(
+                f"data.max_length={max_length} keeps training pairs longer than the model takes "
+                f"(data.max_positions={max_positions}, the model's max_len); lower data.max_length or raise "
+                "model.max_len"
             )
         self.source_tokenizer: Tokenizer | None = (
             None  # self.tokenizer is the target side's (by default joint)
@@ -185,7 +210,7 @@ class TranslationDataModule(TextDataModule):
         if h.source == "file":
             if not h.path:
                 raise ValueError("data.source=file needs data.path=<file.tsv|.jsonl> with source and target")
-            return read_parallel_file(h.path, h.src_field, h.tgt_field)
+            return read_parallel_file(h.path, h.src_field, h.tgt_field, h.encoding)
         if not h.name:
             raise ValueError("data.source=hub needs data.name=<dataset name or save_to_disk folder>")
         return hub_pairs(h.name, h.subset, h.split, h.src_lang, h.lang)
@@ -200,6 +225,16 @@ class TranslationDataModule(TextDataModule):
         for pair in dict.fromkeys(self.pairs):  # duplicates out, first occurrence order kept
             splits[split_of[pair[0]]].append(pair)
         return splits
+
+    def where(self, pair: Pair) -> str:
+        """Where ``pair`` was read, for an error naming it (the file is read again: nothing is kept per pair)."""
+        h = self.hparams
+        if h.source == "file":
+            located = located_parallel_file(h.path, h.src_field, h.tgt_field, h.encoding)
+            return next(where for read, where in located if read == pair)
+        if h.source == "hub":
+            return f"{h.name}, row {self.pairs.index(pair)}"
+        return f"the {h.lang!r} gettext catalogs under {h.path or DEFAULT_LOCALE_DIR}"
 
     def data_identity(self) -> list | None:
         return file_identity([self.hparams.path]) if self.hparams.source == "file" else None
@@ -244,25 +279,46 @@ class TranslationDataModule(TextDataModule):
                 )
             sources = source_tok.encode_batch([s for s, _ in pairs])
             targets = tok.encode_batch([t for _, t in pairs])
-            examples = [
-                {"src": s, "tgt": t, "src_text": src_text, "tgt_text": tgt_text}
-                for s, t, (src_text, tgt_text) in zip(sources, targets, pairs)
-                # evaluation keeps every pair (its metrics must count them all); training drops the longest
-                if name != "train" or max(len(s), len(t)) + 1 <= h.max_length
-            ]
-            if not examples:
+            # the model reads source + EOS and target + EOS (labels) or BOS + target (decoder input)
+            lengths = [max(len(s), len(t)) + 1 for s, t in zip(sources, targets)]
+            if name == "train":  # training drops the longest pairs, as fairseq's training iterator does
+                kept = [i for i, n in enumerate(lengths) if n <= h.max_length]
+            else:
+                self._check_lengths(name, pairs, lengths)
+                kept = range(len(pairs))
+            if not kept:
                 raise ValueError(
                     f"Every {name} pair is longer than data.max_length={h.max_length} tokens; raise it"
                 )
-            lengths = [max(len(e["src"]), len(e["tgt"])) + 1 for e in examples]
+            examples = [
+                {"src": sources[i], "tgt": targets[i], "src_text": pairs[i][0], "tgt_text": pairs[i][1]}
+                for i in kept
+            ]
             self.datasets[name] = [
-                [examples[i] for i in b] for b in token_budget_batches(lengths, h.max_tokens)
+                [examples[i] for i in b]
+                for b in token_budget_batches([lengths[i] for i in kept], h.max_tokens)
             ]
             if name == "train" and len(examples) < len(pairs):
                 log.info(
                     "Training on %d of %d pairs (the rest exceed data.max_length)", len(examples), len(pairs)
                 )
         log.info("Sentence pairs: %s", {n: sum(map(len, b)) for n, b in self.datasets.items()})
+
+    def _check_lengths(self, name: str, pairs: list[Pair], lengths: list[int]) -> None:
+        """Refuse, before the first step, a validation or test pair the model cannot read, rather than fail at
+        the validation that reaches it. Evaluation scores every pair (its BLEU must count them all), so none
+        is dropped or cut: fairseq refuses such pairs too (unless --skip-invalid-size-inputs-valid-test),
+        where HF's run_translation.py would silently score a truncated source."""
+        h = self.hparams
+        too_long = [i for i, n in enumerate(lengths) if n > h.max_positions]
+        if too_long:
+            i = too_long[0]
+            raise ValueError(
+                f"{self.where(pairs[i])}: the {name} pair {pairs[i][0][:60]!r} is {lengths[i]} tokens long (EOS "
+                f"included), more than the model takes (data.max_positions={h.max_positions}, the model's max_len); "
+                f"{len(too_long)} {name} pair(s) are. Evaluation scores every pair, so raise model.max_len or "
+                "remove them from the data"
+            )
 
     def _dataloader(self, split: str, shuffle: bool):
         # batch_size=1: each item is already a batch, made by length under the token budget
