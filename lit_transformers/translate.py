@@ -4,7 +4,6 @@ batch's translations print as it finishes. ``lit-translate --help`` lists the ke
 
 from __future__ import annotations
 
-import codecs
 import itertools
 import sys
 from collections.abc import Iterable, Iterator
@@ -37,11 +36,16 @@ def load_task(cfg: DictConfig) -> TranslationTask:
     if cfg.beam < 1 or cfg.batch_size < 1:
         raise ValueError(f"beam={cfg.beam} and batch_size={cfg.batch_size} must be at least 1")
     try:
-        codecs.lookup(cfg.encoding)
+        newline = "\n".encode(cfg.encoding)
     except LookupError as err:
         raise ConfigError(
             f"encoding={cfg.encoding} is not a text encoding Python knows; e.g. encoding=latin-1"
         ) from err
+    if newline != b"\n":  # stdin is split into lines before it is decoded, so that each line fails on its own
+        raise ConfigError(
+            f"encoding={cfg.encoding} does not write a newline as the byte \\n, and stdin is read line by line: "
+            f"convert the input first (iconv -f {cfg.encoding} -t utf-8)"
+        )
     check_task_fits(
         read_checkpoint(cfg.ckpt, "ckpt", cfg.trust_checkpoint), cfg.ckpt, TranslationTask, "ckpt"
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from sacrebleu.metrics import BLEU, CHRF
 
@@ -24,8 +25,9 @@ from lit_transformers.tasks import TranslationTask, inverse_sqrt
 from lit_transformers.tasks.evaluation import CorpusScore
 from lit_transformers.text import MARIAN_SPECIAL_TOKENS, Tokenizer
 from lit_transformers.train import train
+from lit_transformers.translate import load_task
 
-from conftest import TINY_TRAINER, assert_short_error, cli_env, compose_train_cfg, run_cli
+from conftest import TINY_TRAINER, assert_short_error, assert_user_error, cli_env, compose_train_cfg, run_cli
 from test_bert_classify import write_mo
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -278,9 +280,18 @@ def test_lit_translate_streams_batches_and_names_the_lines_it_cannot_translate(e
 
 
 @pytest.mark.cli
-def test_lit_translate_names_a_key_of_the_wrong_type(endless_checkpoint):
-    result = run_cli(*_lit_translate(endless_checkpoint, "beam=abc"), timeout=120)
-    assert_short_error(result, "beam='abc'", "expected int")
+def test_lit_translate_names_bad_settings_before_loading(tmp_path):
+    """A mistyped key in one paragraph, and an encoding that is unknown or not ASCII-compatible (stdin is split at
+    newline bytes), each before the checkpoint is read (there is none here)."""
+    missing = tmp_path / "none.ckpt"
+    assert_short_error(
+        run_cli(*_lit_translate(missing, "beam=abc"), timeout=120), "beam='abc'", "expected int"
+    )
+    for encoding, needle in [("foo", "not a text encoding"), ("utf-16", "iconv -f utf-16 -t utf-8")]:
+        GlobalHydra.instance().clear()
+        with initialize_config_module("lit_transformers.conf", version_base="1.3"):
+            cfg = compose("translate", overrides=[f"ckpt={missing}", f"encoding={encoding}"])
+        assert_user_error(lambda: load_task(cfg), f"encoding={encoding}", needle)  # noqa: B023 - called at once
 
 
 @pytest.mark.cli
