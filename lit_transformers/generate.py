@@ -1,26 +1,75 @@
-"""Print continuations from a trained checkpoint:
-``python -m lit_transformers.generate ckpt=<run>/checkpoints/last.ckpt prompt="The for statement"``."""
+"""Print continuations from a trained causal LM: ``lit-generate ckpt=<run>/checkpoints/last.ckpt prompt="The for
+statement"`` (or ``python -m lit_transformers.generate``), from a GPT, SFT, PPO or DPO checkpoint (the policy of
+the last two). ``lit-generate --help`` lists the keys (conf/generate.yaml)."""
 
 from __future__ import annotations
 
 import hydra
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 
-from lit_transformers.tasks import CausalLMTask
-from lit_transformers.utils.checkpoints import check_task_fits, read_checkpoint
-from lit_transformers.utils.config import check_required
+from lit_transformers.nn.generation import check_sampling
+from lit_transformers.tasks import CausalLMTask, DPOTask, PPOTask, SFTTask
+from lit_transformers.utils.checkpoints import read_checkpoint, written_by
+from lit_transformers.utils.config import ConfigError, check_required, check_types
 from lit_transformers.utils.errors import report_user_errors
+
+FLAG_TYPES = {
+    "ckpt": str,
+    "max_new_tokens": int,
+    "temperature": float,
+    "top_k": int,
+    "top_p": float,
+    "seed": int,
+    "device": str,
+    "trust_checkpoint": bool,
+}
+
+# the tasks whose checkpoints hold a causal LM (a GPT), with the attribute that holds it: its state-dict prefix
+CAUSAL_LMS = {CausalLMTask: "model", SFTTask: "model", PPOTask: "policy", DPOTask: "policy"}
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """Refuse, before the slow load, what would print nothing or fail at the first sampled token."""
+    check_required(cfg)
+    check_types(cfg, flags=FLAG_TYPES)
+    if cfg.max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens={cfg.max_new_tokens} generates nothing; set it to at least 1")
+    check_sampling(cfg.temperature, cfg.top_k, cfg.top_p)
+    if cfg.prompts is not None and not isinstance(cfg.prompts, ListConfig):
+        raise ConfigError(
+            f"prompts={cfg.prompts!r} is not a list; write 'prompts=[first prompt,second prompt]'"
+        )
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={cfg.device} but no CUDA GPU is visible; use device=cpu")
+
+
+def language_model(cfg: DictConfig) -> CausalLMTask:
+    """The causal LM of checkpoint ``cfg.ckpt`` as a :class:`CausalLMTask` (its GPT and tokenizer): a GPT or SFT
+    checkpoint's model, a PPO or DPO checkpoint's policy (the same GPT, built from the same model config)."""
+    checkpoint = read_checkpoint(cfg.ckpt, "ckpt", cfg.trust_checkpoint)
+    names = {f"{cls.__module__}.{cls.__qualname__}": attribute for cls, attribute in CAUSAL_LMS.items()}
+    attribute = names.get(checkpoint.get("task_class"))
+    if attribute is None:
+        accepted = ", ".join(cls.__name__ for cls in CAUSAL_LMS)
+        raise ValueError(
+            f"ckpt={cfg.ckpt} was written by {written_by(checkpoint, cfg.ckpt)}, which holds no language model "
+            f"to generate with (a reward model scores text, it does not write it); pass a checkpoint of "
+            f"{accepted} (a gpt_pretrain, gpt_sft, gpt_ppo or gpt_dpo run)"
+        )
+    saved = checkpoint["hyper_parameters"]
+    task = CausalLMTask(model=saved["model"], optimizer=saved["optimizer"], tokenizer=saved["tokenizer"])
+    task.configure_model()
+    prefix = f"{attribute}."
+    weights = {k.removeprefix(prefix): v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    task.model.load_state_dict(weights)
+    return task.to(cfg.device)
 
 
 def continuations(cfg: DictConfig) -> list[tuple[str, str]]:
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={cfg.device} but no CUDA GPU is visible; use device=cpu")
-    check_task_fits(read_checkpoint(cfg.ckpt, "ckpt", cfg.trust_checkpoint), cfg.ckpt, CausalLMTask, "ckpt")
-    task = CausalLMTask.load_from_checkpoint(
-        cfg.ckpt, map_location=cfg.device, weights_only=not cfg.trust_checkpoint
-    )
-    prompts = list(cfg.prompts) if cfg.prompts else [cfg.prompt]
+    check_settings(cfg)
+    task = language_model(cfg)
+    prompts = [str(p) for p in cfg.prompts] if cfg.prompts else [str(cfg.prompt)]  # prompt=1984 is text too
     texts = task.sample(prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, seed=cfg.seed)
     return list(zip(prompts, texts))
 
@@ -28,7 +77,6 @@ def continuations(cfg: DictConfig) -> list[tuple[str, str]]:
 @hydra.main(version_base="1.3", config_path="pkg://lit_transformers.conf", config_name="generate")
 def main(cfg: DictConfig) -> None:
     with report_user_errors():
-        check_required(cfg)
         for prompt, text in continuations(cfg):
             print(f"--- {prompt!r}\n{prompt}{text}\n")
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import csv
 import json
+import queue
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from sacrebleu.metrics import BLEU, CHRF
 
@@ -22,8 +25,9 @@ from lit_transformers.tasks import TranslationTask, inverse_sqrt
 from lit_transformers.tasks.evaluation import CorpusScore
 from lit_transformers.text import MARIAN_SPECIAL_TOKENS, Tokenizer
 from lit_transformers.train import train
+from lit_transformers.translate import load_task
 
-from conftest import TINY_TRAINER, compose_train_cfg
+from conftest import TINY_TRAINER, assert_short_error, assert_user_error, cli_env, compose_train_cfg, run_cli
 from test_bert_classify import write_mo
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -209,19 +213,85 @@ def test_tiny_run_logs_scores_translations_and_cross_attention(tiny_run):
     assert "tok:13a" in (root / "run" / "csv" / "hparams.yaml").read_text()  # sacreBLEU's signature, once
 
 
+@pytest.fixture(scope="module")
+def endless_checkpoint(tiny_run, tmp_path_factory) -> Path:
+    """The tiny run's checkpoint with its EOS embedding (tied to the output layer) zeroed. The 4-step model answers
+    every sentence with EOS at once; with an EOS logit of 0 it never does, so every translation runs to its length
+    limit (source length + task.max_extra_tokens) and output lines tell their inputs apart."""
+    checkpoint = torch.load(tiny_run[0] / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    eos_id = Tokenizer.from_state(checkpoint["hyper_parameters"]["tokenizer"]).eos_id
+    checkpoint["state_dict"]["model.tgt_emb.weight"][eos_id] = 0
+    path = tmp_path_factory.mktemp("endless") / "endless.ckpt"
+    torch.save(checkpoint, path)
+    return path
+
+
+def _lit_translate(checkpoint: Path, *overrides: str) -> list[str]:
+    return [sys.executable, "-m", "lit_transformers.translate", f"ckpt={checkpoint}", *overrides]
+
+
 @pytest.mark.cli
-def test_lit_translate_reads_stdin_and_keeps_line_order(tiny_run):
-    """stdin lines in, one translation per line out, in order; batched decoding equals one by one."""
-    checkpoint = tiny_run[0] / "run" / "checkpoints" / "last.ckpt"
-    sentences = ["Open file 3", "", "Delete 12 items from the list", "Quit"]
+def test_lit_translate_reads_stdin_and_keeps_line_order(endless_checkpoint):
+    """stdin lines in (latin-1 here, read with encoding=latin-1), one translation per line out, in order; batched
+    decoding equals one by one."""
+    sentences = ["Open file 3", "", "Delete 12 items from the list", "Quit", "Close the café"]
     result = subprocess.run(
-        [sys.executable, "-m", "lit_transformers.translate", f"ckpt={checkpoint}", "beam=2", "batch_size=2"],
-        input="\n".join(sentences) + "\n", capture_output=True, text=True, timeout=120, check=False,
+        _lit_translate(endless_checkpoint, "beam=2", "batch_size=2", "encoding=latin-1"),
+        input="\n".join(sentences).encode("latin-1") + b"\n", capture_output=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
-    task = TranslationTask.load_from_checkpoint(checkpoint, weights_only=True)
+    task = TranslationTask.load_from_checkpoint(endless_checkpoint, weights_only=True)
     expected = [task.translate_texts([s], beam_size=2)[0] for s in sentences]
-    assert result.stdout.split("\n")[:-1] == expected and expected[1] == ""
+    assert result.stdout.decode().split("\n")[:-1] == expected
+    assert expected[1] == "" and all(expected[i] for i in (0, 2, 3, 4))
+
+
+@pytest.mark.cli
+def test_lit_translate_streams_batches_and_names_the_lines_it_cannot_translate(endless_checkpoint):
+    """The first batch's translations come out while stdin is still open. A line longer than the model takes and
+    one that is not UTF-8 are each named on stderr with why and printed empty; every other line is translated, in
+    its place, and the exit code says that not all were."""
+    task = TranslationTask.load_from_checkpoint(endless_checkpoint, weights_only=True)
+    good = ["Open file 3", "Quit", "Delete 12 items from the list", "Open file 7"]
+    too_long = "word " * task.model.config.max_len
+    process = subprocess.Popen(
+        _lit_translate(endless_checkpoint, "beam=2", "batch_size=2"),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(),
+    )  # fmt: skip
+    printed = queue.Queue()
+    threading.Thread(target=lambda: [printed.put(line) for line in process.stdout], daemon=True).start()
+    try:
+        process.stdin.write(f"{good[0]}\n{good[1]}\n".encode())  # the first batch
+        process.stdin.flush()
+        first_batch = [printed.get(timeout=120) for _ in range(2)]
+        process.stdin.write(f"{too_long}\n".encode() + "Öffne Datei\n".encode("latin-1"))
+        process.stdin.write(f"{good[2]}\n{good[3]}\n".encode())
+        process.stdin.close()
+        assert process.wait(timeout=120) == 1
+    finally:
+        process.kill()
+    stderr = process.stderr.read().decode()
+    lines = [line.decode().removesuffix("\n") for line in first_batch + list(printed.queue)]
+    expected = [task.translate_texts([s], beam_size=2)[0] for s in good]
+    assert lines == [*expected[:2], "", "", *expected[2:]] and all(expected), stderr
+    assert "line 3 not translated: A source of" in stderr and "exceeds model.max_len" in stderr
+    assert "line 4 not translated: it is not utf-8 text (byte 0xd6" in stderr and "encoding=latin-1" in stderr
+    assert "2 of 6 input lines were not translated" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.cli
+def test_lit_translate_names_bad_settings_before_loading(tmp_path):
+    """A mistyped key in one paragraph, and an encoding that is unknown or not ASCII-compatible (stdin is split at
+    newline bytes), each before the checkpoint is read (there is none here)."""
+    missing = tmp_path / "none.ckpt"
+    assert_short_error(
+        run_cli(*_lit_translate(missing, "beam=abc"), timeout=120), "beam='abc'", "expected int"
+    )
+    for encoding, needle in [("foo", "not a text encoding"), ("utf-16", "iconv -f utf-16 -t utf-8")]:
+        GlobalHydra.instance().clear()
+        with initialize_config_module("lit_transformers.conf", version_base="1.3"):
+            cfg = compose("translate", overrides=[f"ckpt={missing}", f"encoding={encoding}"])
+        assert_user_error(lambda: load_task(cfg), f"encoding={encoding}", needle)  # noqa: B023 - called at once
 
 
 @pytest.mark.cli

@@ -17,6 +17,15 @@ from torch import nn
 from lit_transformers.nn.attention import padded_attention_mask, padded_position_ids
 
 
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Refuse sampling settings that :func:`sample_next` cannot use (callers check before a slow model load)."""
+    if temperature < 0 or (top_k is not None and top_k < 0) or (top_p is not None and not 0 < top_p <= 1):
+        raise ValueError(
+            f"Invalid sampling settings temperature={temperature}, top_k={top_k}, top_p={top_p}: "
+            "need temperature >= 0 (0 = greedy), top_k >= 0 (0 = off) and 0 < top_p <= 1"
+        )
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: float = 1.0,
@@ -25,11 +34,7 @@ def sample_next(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Pick one token per row from (B, V) logits. temperature == 0 means greedy (argmax)."""
-    if temperature < 0 or (top_k is not None and top_k < 0) or (top_p is not None and not 0 < top_p <= 1):
-        raise ValueError(
-            f"Invalid sampling settings temperature={temperature}, top_k={top_k}, top_p={top_p}: "
-            "need temperature >= 0 (0 = greedy), top_k >= 0 (0 = off) and 0 < top_p <= 1"
-        )
+    check_sampling(temperature, top_k, top_p)
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature

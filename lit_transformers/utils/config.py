@@ -62,19 +62,24 @@ def _check_signature(obj, node: DictConfig, full_key: str) -> None:
             raise ConfigError(f"{full_key}.{key}={value!r} has the wrong type: expected {hints[key]}")
 
 
-def check_types(cfg: DictConfig, path: str = "") -> None:
-    """Type-check the run flags, every dataclass ``_target_`` (e.g. ``model``) against its fields, and every
-    other ``_target_`` against its signature.
+def _fits(value, expected: type) -> bool:
+    """``isinstance``, except that a bool is no int and an int is also a float (YAML reads ``1`` for 1.0)."""
+    if isinstance(value, bool):
+        return expected is bool
+    return isinstance(value, expected) or (expected is float and isinstance(value, int))
+
+
+def check_types(cfg: DictConfig, path: str = "", flags: dict[str, type] = TOP_LEVEL_TYPES) -> None:
+    """Type-check the top-level ``flags`` (train.py's run flags unless given; null passes), every dataclass
+    ``_target_`` (e.g. ``model``) against its fields, and every other ``_target_`` against its signature.
 
     Hydra already rejects overrides of keys that do not exist; this adds the types, so ``model.n_layer=abc``
     or ``data.batch_size=abc`` fails here instead of deep inside construction.
     """
     if not path:
-        for key, expected in TOP_LEVEL_TYPES.items():
+        for key, expected in flags.items():
             value = cfg.get(key)
-            if value is not None and (
-                not isinstance(value, expected) or (expected is int and isinstance(value, bool))
-            ):
+            if value is not None and not _fits(value, expected):
                 raise ConfigError(f"{key}={value!r} has the wrong type: expected {expected.__name__}")
     for key, node in cfg.items_ex(resolve=False) if isinstance(cfg, DictConfig) else []:
         if not isinstance(node, DictConfig):
