@@ -92,10 +92,12 @@ def hf_config(c: GPTConfig):
     )
 
 
-def from_hf(cls: type[GPT], path_or_model) -> GPT:
-    """``cls`` holding a ``GPT2LMHeadModel``/``GPT2Model`` object's or a local GPT-2 directory's weights."""
-    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY)
-    model = cls(config_from_hf(hf))
+def from_hf(cls: type[GPT], path_or_model, trust_checkpoint: bool = False, dtype=None) -> GPT:
+    """``cls`` holding a ``GPT2LMHeadModel``/``GPT2Model`` object's or a local GPT-2 directory's weights, in
+    ``dtype`` (None: the checkpoint's)."""
+    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY, trust_checkpoint)
+    with hf_convert.default_dtype(dtype or hf_convert.checkpoint_dtype(path_or_model, hf, hf_state)):
+        model = cls(config_from_hf(hf))
     hf_convert.load_from_hf(model, hf_state, name_map(model.config))
     return model
 
