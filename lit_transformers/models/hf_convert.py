@@ -198,13 +198,17 @@ DECODERS = {
 }
 
 
+def config_of(path_or_model, family: str) -> dict:
+    """The config dict of a ``transformers`` model object or a local checkpoint directory, weights unread."""
+    if isinstance(path_or_model, nn.Module):
+        return path_or_model.config.to_dict()
+    return read_hf_config(path_or_model, family)
+
+
 def decoder_converter(path_or_model) -> ModuleType:
     """The converter module (``hf_gpt2``, ``hf_llama``) of a Hugging Face causal LM, by its ``model_type``;
     another architecture (a mixture of experts, an encoder) is refused with the supported list."""
-    if isinstance(path_or_model, nn.Module):
-        hf = path_or_model.config.to_dict()
-    else:
-        hf = read_hf_config(path_or_model, "causal LM")
+    hf = config_of(path_or_model, "causal LM")
     if hf.get("model_type") not in DECODERS:
         raise ValueError(
             f"Unsupported architecture {hf.get('architectures') or hf.get('model_type')!r} "

@@ -96,9 +96,6 @@ def config_from_hf(hf: dict) -> GPTConfig:
     unknown = set(hf.get("architectures") or ()) - set(ARCHITECTURES.values()) - BODIES
     if unknown:
         _refuse(hf, f"architectures {sorted(unknown)}")
-    experts = [key for key in ("num_experts", "num_local_experts", "n_routed_experts") if hf.get(key)]
-    if experts:
-        _refuse(hf, f"a mixture of experts ({experts})")
     head_dim = hf["hidden_size"] // hf["num_attention_heads"]
     if hf.get("head_dim") not in (None, head_dim):
         _refuse(hf, f"head_dim={hf['head_dim']} != hidden_size / num_attention_heads = {head_dim}")
@@ -191,8 +188,8 @@ def hf_config(c: GPTConfig):
 def from_hf(cls: type[GPT], path_or_model, trust_checkpoint: bool = False, dtype=None) -> GPT:
     """``cls`` holding a Llama/Qwen2/Mistral model object's or local directory's weights, in ``dtype`` (None:
     the checkpoint's)."""
+    config = config_from_hf(hf_convert.config_of(path_or_model, FAMILY))  # refusals before reading weights
     hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY, trust_checkpoint)
-    config = config_from_hf(hf)
     with hf_convert.default_dtype(dtype or hf_convert.checkpoint_dtype(path_or_model, hf, hf_state)):
         model = cls(config)
     hf_convert.load_from_hf(model, hf_state, name_map(config))
