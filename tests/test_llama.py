@@ -98,36 +98,30 @@ def _prompts():
 
 
 @pytest.mark.parametrize("variant", GENERATING)
-def test_greedy_left_padded_generation_equals_transformers_generate(variant):
+def test_greedy_and_seeded_sampled_generation_equal_transformers_generate(variant):
     model_type, overrides, _ = VARIANTS[variant]
     hf = _hf(model_type, **overrides)
     ours = GPT.from_hf(hf).eval()
     ids, valid = left_pad(_prompts(), PAD)
-    expected = hf.generate(
-        ids, attention_mask=valid.long(), max_new_tokens=12, do_sample=False, pad_token_id=PAD, eos_token_id=None
-    )  # fmt: skip
+    hf_args = {
+        "attention_mask": valid.long(),
+        "max_new_tokens": 12,
+        "pad_token_id": PAD,
+        "eos_token_id": None,
+    }
+    expected = hf.generate(ids, do_sample=False, **hf_args)
     for use_cache in (True, False):
         got = generate(ours, ids, valid, max_new_tokens=12, temperature=0, use_cache=use_cache)
         assert torch.equal(got, expected), use_cache
-
-
-@pytest.mark.parametrize("variant", GENERATING)
-def test_seeded_sampling_equals_transformers_generate(variant):
-    # both draw with torch.multinomial from the global generator, one draw per step, after temperature,
-    # top-k and top-p in the same order
-    model_type, overrides, _ = VARIANTS[variant]
-    hf = _hf(model_type, **overrides)
-    ours = GPT.from_hf(hf).eval()
-    ids, valid = left_pad(_prompts(), PAD)
+    # sampling: both draw with torch.multinomial from the global generator, one draw per step, after
+    # temperature, top-k and top-p in that order
     settings = {"temperature": 0.8, "top_k": 20, "top_p": 0.9}
     torch.manual_seed(11)
-    expected = hf.generate(
-        ids, attention_mask=valid.long(), max_new_tokens=12, do_sample=True, pad_token_id=PAD, eos_token_id=None,
-        **settings,
-    )  # fmt: skip
+    expected = hf.generate(ids, do_sample=True, **hf_args, **settings)
     torch.manual_seed(11)
     got = generate(ours, ids, valid, max_new_tokens=12, **settings)
     assert torch.equal(got, expected)
+    assert not torch.equal(got, generate(ours, ids, valid, max_new_tokens=12, temperature=0))  # it sampled
 
 
 def test_kv_cache_holds_n_kv_head_heads():
@@ -277,13 +271,12 @@ def test_presets_are_the_hf_layouts(compose_cfg, preset, architecture):
     assert model.new_caches(1, 8)[0].self_attn.k.size(1) == spec["n_kv_head"] < spec["n_head"]
 
 
-def test_causal_lm_continues_a_hf_llama_directory(compose_cfg, tmp_path):
+def test_causal_lm_continues_a_bf16_hf_llama_directory_in_float32(compose_cfg, tmp_path):
     hf_dir = tmp_path / "hf"
-    tokenizer = Tokenizer.train(
-        ["The for statement iterates over the items of a sequence."] * 50, vocab_size=300
-    )
+    texts = ["The for statement iterates over the items of a sequence."] * 50
+    tokenizer = Tokenizer.train(texts, vocab_size=300)
     tokenizer.save(hf_dir / "tokenizer.json")
-    hf = _hf("llama", vocab_size=tokenizer.vocab_size)
+    hf = _hf("qwen2", vocab_size=tokenizer.vocab_size).to(torch.bfloat16)  # as most Hub checkpoints are
     hf.save_pretrained(hf_dir)
     cfg = compose_cfg(
         "model=llama_nano", *TINY_LM, f"task.init_from_hf={hf_dir}", f"data.tokenizer_path={hf_dir}",
@@ -291,11 +284,14 @@ def test_causal_lm_continues_a_hf_llama_directory(compose_cfg, tmp_path):
     )  # fmt: skip
     train(cfg)
     state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
-    assert torch.equal(
-        state["state_dict"]["model.blocks.1.mlp.proj.weight"], hf.model.layers[1].mlp.down_proj.weight
-    )
-    assert state["hyper_parameters"]["init_from_hf"] is None  # reloading does not need the directory
+    # float32 weights (trainer.precision decides what runs in bf16), the checkpoint's values exactly
+    expected = hf.model.layers[1].self_attn.k_proj.bias.float()
+    trained = state["state_dict"]["model.blocks.1.attn.qkv_proj.bias"]
+    assert trained.dtype == torch.float32 and torch.equal(trained[32:48], expected)  # [q | k | v]
+    hparams = state["hyper_parameters"]
+    assert hparams["init_from_hf"] is None  # reloading does not need the directory
     assert (
-        state["hyper_parameters"]["model"]["n_kv_head"] == 2
-        and state["hyper_parameters"]["model"]["d_model"] == 32
+        hparams["model"]["qkv_bias"]
+        and hparams["model"]["n_kv_head"] == 2
+        and hparams["model"]["d_model"] == 32
     )

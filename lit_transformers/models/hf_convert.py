@@ -102,6 +102,14 @@ def repeat(layer: Iterable[Weight], n: int, ours_prefix: str, hf_prefix: str) ->
     ]
 
 
+def with_lm_head(embedding: Weight, body: Iterable[Weight], tied: bool) -> list[Weight]:
+    """A decoder's token ``embedding``, its ``body`` and its output projection ``lm_head.weight``: tied, HF's is
+    the token embedding (model objects carry it, saved files drop it); untied, a weight of its own."""
+    if tied:
+        return [replace(embedding, aliases=(*embedding.aliases, "lm_head.weight")), *body]
+    return [embedding, *body, Weight("lm_head.weight", "lm_head.weight")]
+
+
 @dataclass(frozen=True)
 class NameMap:
     """One family's map between our state dict and HF's. HF names are those of the family's full model

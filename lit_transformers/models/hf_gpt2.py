@@ -27,16 +27,13 @@ BUFFERS = (".attn.bias", ".attn.masked_bias")
 
 
 def name_map(config: GPTConfig) -> NameMap:
-    # tied: HF's lm_head.weight is the token embedding (model objects carry it, saved files drop it)
-    tied_head = ("lm_head.weight",) if config.tie_embeddings else ()
-    weights = [
-        Weight("tok_emb.weight", "transformer.wte.weight", aliases=tied_head),
+    body = [
         Weight("pos_emb.weight", "transformer.wpe.weight"),
         *repeat(LAYER, config.n_layer, "blocks.{i}.", "transformer.h.{i}."),
         *affine("ln_f", "transformer.ln_f"),
     ]
-    if not config.tie_embeddings:
-        weights.append(Weight("lm_head.weight", "lm_head.weight"))
+    embedding = Weight("tok_emb.weight", "transformer.wte.weight")
+    weights = hf_convert.with_lm_head(embedding, body, config.tie_embeddings)
     return NameMap(FAMILY, tuple(weights), body_prefix="transformer.", buffers=BUFFERS)
 
 

@@ -46,15 +46,12 @@ def name_map(config: GPTConfig) -> NameMap:
         Weight("mlp.proj.weight", "mlp.down_proj.weight"),
         *([Weight("mlp.proj.bias", "mlp.down_proj.bias")] if biased else []),
     ]
-    # tied: HF's lm_head.weight is the token embedding (model objects carry it, saved files drop it)
-    tied_head = ("lm_head.weight",) if config.tie_embeddings else ()
-    weights = [
-        Weight("tok_emb.weight", "model.embed_tokens.weight", aliases=tied_head),
+    body = [
         *repeat(layer, config.n_layer, "blocks.{i}.", "model.layers.{i}."),
         Weight("ln_f.weight", "model.norm.weight"),
     ]
-    if not config.tie_embeddings:
-        weights.append(Weight("lm_head.weight", "lm_head.weight"))
+    embedding = Weight("tok_emb.weight", "model.embed_tokens.weight")
+    weights = hf_convert.with_lm_head(embedding, body, config.tie_embeddings)
     return NameMap(FAMILY, tuple(weights), body_prefix="model.", buffers=BUFFERS)
 
 
