@@ -27,10 +27,13 @@ SMALL = {
     "num_key_value_heads": 2,  # grouped-query: fewer key/value heads than heads
     "max_position_embeddings": 64,
 }
+LINEAR = {"rope_type": "linear", "factor": 2.0}
+DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 16}
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 VARIANTS = {  # name: (model_type, config overrides, sequence length)
     "llama_gqa_untied_theta": ("llama", {"rope_theta": 500000.0}, 20),
     "llama_mqa_tied": ("llama", {"num_key_value_heads": 1, "tie_word_embeddings": True}, 20),
+    "llama_attention_and_mlp_biases": ("llama", {"attention_bias": True, "mlp_bias": True}, 20),
     "qwen2_qkv_bias_tied": ("qwen2", {"tie_word_embeddings": True, "rope_theta": 1e6}, 20),
     "mistral_sliding_window": ("mistral", {"sliding_window": 6}, 20),  # longer than the window
     "rope_linear": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, 20),
@@ -155,27 +158,15 @@ def test_kv_cache_holds_n_kv_head_heads():
     [
         ({"n_kv_head": 2, "tie_embeddings": False}, "LlamaForCausalLM"),
         ({"n_kv_head": 1, "qkv_bias": True, "tie_embeddings": True}, "Qwen2ForCausalLM"),
-        (
-            {"n_kv_head": 2, "sliding_window": 5, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
-            "MistralForCausalLM",
-        ),  # fmt: skip
-        (
-            {
-                "n_kv_head": 4,
-                "rope_scaling": {
-                    "rope_type": "dynamic",
-                    "factor": 2.0,
-                    "original_max_position_embeddings": 16,
-                },
-            },
-            "LlamaForCausalLM",
-        ),  # fmt: skip
+        ({"bias": True}, "LlamaForCausalLM"),
+        ({"n_kv_head": 2, "sliding_window": 5, "rope_scaling": LINEAR}, "MistralForCausalLM"),
+        ({"rope_scaling": DYNAMIC}, "LlamaForCausalLM"),
     ],
 )
 def test_to_hf_round_trip(tmp_path, overrides, architecture):
+    llama = {"bias": False, "activation": "silu", "position": "rope", "norm": "rmsnorm", "gated_mlp": True}
     config = GPTConfig(
-        vocab_size=V, block_size=32, n_layer=2, n_head=4, d_model=32, d_ff=40, bias=False, activation="silu",
-        position="rope", norm="rmsnorm", gated_mlp=True, rope_theta=5e4, **overrides,
+        vocab_size=V, block_size=32, n_layer=2, n_head=4, d_model=32, d_ff=40, rope_theta=5e4, **llama | overrides
     )  # fmt: skip
     torch.manual_seed(0)
     ours = GPT(config).eval()

@@ -45,12 +45,8 @@ class GPTConfig:
     n_kv_head: int | None = None  # key/value heads: None = n_head; fewer = grouped-query; 1 = multi-query
     qkv_bias: bool | None = None  # biases of the q/k/v projections; None = bias (Qwen2: true with bias=false)
     rope_theta: float = 10000.0  # RoPE base (position=rope; Llama 3: 500000)
-    rope_scaling: dict | None = (
-        None  # Hugging Face's, e.g. {rope_type: linear, factor: 4.0}: linear | dynamic | llama3
-    )
-    sliding_window: int | None = (
-        None  # each token attends to the latest this many tokens, itself included (Mistral)
-    )
+    rope_scaling: dict | None = None  # HF's, e.g. {rope_type: linear, factor: 4.0}: linear|dynamic|llama3
+    sliding_window: int | None = None  # attend to the latest this many tokens, itself included (Mistral)
 
 
 class GPT(nn.Module):

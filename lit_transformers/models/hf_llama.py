@@ -99,6 +99,7 @@ def config_from_hf(hf: dict) -> GPTConfig:
     if hf.get("attention_bias", False) != hf.get("mlp_bias", False):
         _refuse(hf, "attention_bias != mlp_bias (ours biases the output projection and the MLP alike)")
     theta, scaling = rope_from_hf(hf)
+    n_kv_head = hf.get("num_key_value_heads") or hf["num_attention_heads"]
     block_size = hf["max_position_embeddings"]
     if rope_type(scaling) == "dynamic":
         block_size = int(block_size * scaling["factor"])
@@ -117,7 +118,7 @@ def config_from_hf(hf: dict) -> GPTConfig:
         norm_eps=hf.get("rms_norm_eps", 1e-6),
         norm="rmsnorm",
         gated_mlp=True,
-        n_kv_head=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        n_kv_head=n_kv_head if n_kv_head != hf["num_attention_heads"] else None,  # None: multi-head
         qkv_bias=True if hf["model_type"] == "qwen2" else None,
         rope_theta=theta,
         rope_scaling=scaling,

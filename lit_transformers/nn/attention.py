@@ -191,9 +191,7 @@ class MultiHeadAttention(nn.Module):
                 k, v = kv_cache.append(k, v)
 
         t_k = k.size(2)
-        window = (
-            self.sliding_window if self.sliding_window is not None and t_k > self.sliding_window else None
-        )
+        window = self.sliding_window if self.sliding_window and t_k > self.sliding_window else None
         if is_causal and T == 1 and window is None:
             is_causal = False  # a single new query may see every cached key
         elif is_causal and (mask is not None or t_k != T or window is not None):
@@ -201,9 +199,9 @@ class MultiHeadAttention(nn.Module):
             mask = causal if mask is None else mask & causal
             is_causal = False
         grouped = self.n_kv_head != self.n_head
-        if (
-            grouped and mask is not None
-        ):  # SDPA's fused kernels group heads only without a mask (as HF's sdpa)
+        # SDPA's fused kernels take grouped heads only without a mask (HF's sdpa path expands there too); the
+        # cache keeps n_kv_head heads either way
+        if grouped and mask is not None:
             k, v, grouped = self._expand_kv(k), self._expand_kv(v), False
         y = F.scaled_dot_product_attention(
             q,

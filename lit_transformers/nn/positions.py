@@ -47,19 +47,13 @@ class LearnedPositions(nn.Module):
         return self.weight[position_ids]  # (B, T, d_model)
 
 
-# Hugging Face ``rope_scaling`` types (``rope_type``) we compute, each with the keys it needs
+# Hugging Face ``rope_scaling`` types (``rope_type``) we compute, each with the keys it needs: linear divides the
+# positions by factor (Chen et al. 2023, position interpolation); dynamic raises the base once a sequence
+# grows past the original length (NTK-aware); llama3 slows the long wavelengths alone (Llama 3.1)
 ROPE_SCALINGS = {
-    "linear": ("factor",),  # positions divided by factor (Chen et al. 2023, "position interpolation")
-    "dynamic": (
-        "factor",
-        "original_max_position_embeddings",
-    ),  # NTK-aware base, growing past the original length
-    "llama3": (
-        "factor",
-        "low_freq_factor",
-        "high_freq_factor",
-        "original_max_position_embeddings",
-    ),  # Llama 3.1
+    "linear": ("factor",),
+    "dynamic": ("factor", "original_max_position_embeddings"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
 }
 
 
@@ -75,8 +69,8 @@ def check_rope_scaling(scaling: dict | None) -> None:
     kind = rope_type(scaling)
     if kind not in ROPE_SCALINGS:
         raise ValueError(
-            f"Unsupported rope_scaling type {kind!r} (rope_scaling={scaling}); supported: {sorted(ROPE_SCALINGS)} "
-            "(or rope_scaling=null for plain RoPE)"
+            f"Unsupported rope_scaling type {kind!r} (rope_scaling={scaling}); supported: "
+            f"{sorted(ROPE_SCALINGS)} (or rope_scaling=null for plain RoPE)"
         )
     lacking = [key for key in ROPE_SCALINGS[kind] if key not in scaling]
     if lacking:
