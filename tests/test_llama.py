@@ -42,7 +42,7 @@ VARIANTS = {  # name: (model_type, config overrides, sequence length)
         "llama",
         {"max_position_embeddings": 16, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
         30,
-    ),  # fmt: skip
+    ),
     # original length 16 puts one of the head's four frequencies in llama3's blended band, the others slowed
     "rope_llama3": ("llama", {"rope_scaling": {**LLAMA3, "original_max_position_embeddings": 16}}, 40),
 }
@@ -233,20 +233,20 @@ def test_pytorch_model_bin_needing_unpickling_loads_only_when_trusted(tmp_path):
                 rope_scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32},
             ),
             "Unsupported rope_scaling type 'yarn'.*linear",
-        ),  # fmt: skip
+        ),
         (
             lambda: transformers.MixtralConfig(**SMALL, num_local_experts=4),
             "Unsupported architecture.*LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM",
-        ),  # fmt: skip
+        ),
         (lambda: transformers.GemmaConfig(**SMALL), "Unsupported architecture.*gemma"),
         (
             lambda: transformers.LlamaConfig(**SMALL, architectures=["LlamaForSequenceClassification"]),
             "LlamaForSequenceClassification",
-        ),  # fmt: skip
+        ),
         (
             lambda: transformers.Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=8),
             "use_sliding_window",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_what_ours_cannot_represent_is_refused_by_name(tmp_path, config, refusal):
