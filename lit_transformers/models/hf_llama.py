@@ -200,5 +200,6 @@ def to_hf(model: GPT, save_dir: str | Path | None = None):
     import transformers
 
     config = hf_config(model.config)
-    hf_model = transformers.AutoModelForCausalLM.from_config(config, dtype=model.tok_emb.weight.dtype)
+    with hf_convert.default_dtype(model.tok_emb.weight.dtype):
+        hf_model = transformers.AutoModelForCausalLM.from_config(config)
     return hf_convert.export_to_hf(model, hf_model, name_map(model.config), save_dir)
