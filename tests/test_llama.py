@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from lit_transformers.models import GPT, GPTConfig
+from lit_transformers.models.hf_llama import rope_from_hf
 from lit_transformers.nn import generate
+from lit_transformers.nn.positions import rope_inv_freq
 from lit_transformers.text import Tokenizer, left_pad
 from lit_transformers.train import train
 
@@ -300,3 +302,24 @@ def test_causal_lm_continues_a_bf16_hf_llama_directory_in_float32(compose_cfg, t
         and hparams["model"]["n_kv_head"] == 2
         and hparams["model"]["d_model"] == 32
     )
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [LINEAR, {"rope_type": "dynamic", "factor": 4.0}, {**LLAMA3, "original_max_position_embeddings": 8192}],
+)
+def test_rope_frequencies_equal_transformers_at_llama_3_1_size(scaling):
+    # head size 128 and an 8192-token original length put many frequencies in each of llama3's three bands
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = transformers.LlamaConfig(
+        hidden_size=4096,
+        num_attention_heads=32,
+        max_position_embeddings=131072,
+        rope_theta=5e5,
+        rope_scaling=scaling,
+    )
+    seq_len = 3 * 131072  # past the original length: where dynamic scaling acts
+    expected, _ = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu", seq_len=seq_len)
+    theta, ours = rope_from_hf(config.to_dict())
+    torch.testing.assert_close(rope_inv_freq(128, theta, ours, seq_len).float(), expected, rtol=1e-5, atol=0)
