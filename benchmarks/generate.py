@@ -2,6 +2,7 @@
 
     python benchmarks/generate.py                      # 6 layers, d_model 384, 256 new tokens, batch 1
     python benchmarks/generate.py --batch-size 4 --rounds 5
+    python benchmarks/generate.py --layout llama --n-kv-head 2   # grouped-query decode vs LlamaForCausalLM
 
 Prints tokens/s per method (median over rounds: ``timing.quiet_rounds``, rotating order, busy rounds discarded
 and counted), the median per-round ours/HF ratio, checks that

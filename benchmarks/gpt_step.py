@@ -5,7 +5,8 @@ computing the mean next-token loss its own way:
   of positions at a time: ``nn.linear_cross_entropy``);
 - ``hf``: ``transformers.GPT2LMHeadModel(input_ids, labels, shift_labels)`` at identical numerics (its
   activation is ATen's, as ours: ``gelu`` or ``gelu_pytorch_tanh``; HF's default ``gelu_new`` is Python code
-  and would flatter us); logits, then its ``ForCausalLMLoss``;
+  and would flatter us); logits, then its ``ForCausalLMLoss``. ``--layout llama``: our Llama layout against
+  ``LlamaForCausalLM`` (SDPA, SiLU), ``--n-kv-head`` for grouped-query attention;
 - ``nanogpt``: nanoGPT's ``model.py`` architecture, re-created in ``nanogpt.py`` (fused QKV, SDPA, exact GELU,
   tied head; logits, then ``F.cross_entropy``), compared when our activation is ``gelu`` (the default).
   ``--no-fused-loss`` trains ours the same way (logits, then ``F.cross_entropy``): the model bodies alone.
@@ -13,6 +14,7 @@ computing the mean next-token loss its own way:
     python benchmarks/gpt_step.py                                  # batch 4, 8, 16 x context 256, 512
     python benchmarks/gpt_step.py --batch-sizes 16 --block-sizes 256 --rounds 8
     python benchmarks/gpt_step.py --activation gelu_tanh           # GPT-2's activation (no nanoGPT peer)
+    python benchmarks/gpt_step.py --layout llama --n-kv-head 2     # the Llama layout vs LlamaForCausalLM
     python benchmarks/gpt_step.py --batch-sizes 8 --block-sizes 256 --rounds 1 --profile 15   # where time goes
 
 Every model steps the same AdamW (fused where torch supports it, our default; ``--no-fused`` for the
@@ -102,7 +104,7 @@ def measure(args, batch_size: int, block_size: int, peak: float) -> None:
     args.block_size = block_size
     ours, hf = same_weight_pair(args)
     models = {"ours": (ours, logits_loss if args.no_fused_loss else fused_head_loss), "hf": (hf, hf_loss)}
-    if args.activation == "gelu":
+    if args.activation == "gelu" and args.layout == "gpt2":
         models["nanogpt"] = (NanoGPT.from_ours(ours), nanogpt_loss)
     g = torch.Generator().manual_seed(0)
     data = torch.randint(0, args.vocab_size, (args.steps, batch_size, block_size + 1), generator=g)
@@ -146,7 +148,8 @@ def main() -> None:
     args = parse_args()
     peak = matmul_flops()
     print(
-        f"GPT training step, fp32, {torch.get_num_threads()} threads, activation {args.activation}, "
+        f"GPT training step, fp32, {torch.get_num_threads()} threads, layout {args.layout} (n_kv_head "
+        f"{args.n_kv_head or args.n_head}), activation {args.activation if args.layout == 'gpt2' else 'silu'}, "
         f"AdamW {'for-each' if args.no_fused else 'fused'}, our loss "
         f"{'after the logits' if args.no_fused_loss else 'fused with the LM head'}; n_layer={args.n_layer} "
         f"d_model={args.d_model} n_head={args.n_head} vocab={args.vocab_size}"

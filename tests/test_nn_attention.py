@@ -154,3 +154,52 @@ def test_attention_dropout_only_in_training():
 def test_d_model_not_divisible_by_heads_is_an_error():
     with pytest.raises(ValueError, match="divisible"):
         MultiHeadAttention(10, 3)
+
+
+def test_sliding_window_mask_keeps_each_querys_latest_window_keys():
+    expected = torch.tensor([[0, 0, 1, 1, 0], [0, 0, 0, 1, 1]], dtype=torch.bool)  # window 2, end-aligned
+    assert torch.equal(causal_mask(2, 5, window=2), expected)
+
+
+def _grouped_and_expanded(n_kv_head: int, **kwargs):
+    """Grouped-query attention and plain multi-head attention whose key/value heads are the grouped one's,
+    each repeated for the n_head / n_kv_head query heads it serves (float64, eval)."""
+    torch.manual_seed(0)
+    grouped = MultiHeadAttention(D, H, n_kv_head=n_kv_head, **kwargs).double().eval()
+    expanded = MultiHeadAttention(D, H, **kwargs).double().eval()
+    hs = D // H
+    q, k, v = grouped.qkv_proj.weight.detach().split([D, n_kv_head * hs, n_kv_head * hs])
+    qb, kb, vb = grouped.qkv_proj.bias.detach().split([D, n_kv_head * hs, n_kv_head * hs])
+
+    def repeat(t):  # (n_kv * hs, ...) -> (n_head * hs, ...)
+        return t.reshape(n_kv_head, hs, *t.shape[1:]).repeat_interleave(H // n_kv_head, 0).flatten(0, 1)
+
+    with torch.no_grad():
+        expanded.qkv_proj.weight.copy_(torch.cat([q, repeat(k), repeat(v)]))
+        expanded.qkv_proj.bias.copy_(torch.cat([qb, repeat(kb), repeat(vb)]))
+        expanded.out_proj.load_state_dict(grouped.out_proj.state_dict())
+    return grouped, expanded
+
+
+@pytest.mark.parametrize("n_kv_head", [1, 2])
+def test_grouped_query_attention_is_attention_with_each_kv_head_repeated(n_kv_head):
+    grouped, expanded = _grouped_and_expanded(n_kv_head)
+    x = torch.randn(2, 7, D, dtype=torch.float64)
+    keys = padding_mask(torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]]))
+    torch.testing.assert_close(grouped(x, is_causal=True), expanded(x, is_causal=True))
+    torch.testing.assert_close(grouped(x, mask=keys, is_causal=True), expanded(x, mask=keys, is_causal=True))
+
+
+def test_sliding_window_with_a_grouped_cache_equals_the_full_pass():
+    grouped, expanded = _grouped_and_expanded(2, sliding_window=3)
+    x = torch.randn(2, 9, D, dtype=torch.float64)
+    within = torch.tensor(
+        [[0 <= i - j < 3 for j in range(9)] for i in range(9)]
+    )  # the latest 3, itself included
+    full = expanded(x, mask=within)
+    torch.testing.assert_close(grouped(x, is_causal=True), full)
+    cache = KVCache(2, 2, 9, D // H, dtype=torch.float64)  # n_kv_head heads, not n_head
+    parts = [grouped(x[:, :4], is_causal=True, kv_cache=cache)]  # prefill 4 tokens, then chunks of 1 and 4
+    parts.append(grouped(x[:, 4:5], is_causal=True, kv_cache=cache))
+    parts.append(grouped(x[:, 5:9], is_causal=True, kv_cache=cache))
+    torch.testing.assert_close(torch.cat(parts, dim=1), full)

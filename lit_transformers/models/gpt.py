@@ -1,4 +1,7 @@
-"""GPT: a decoder-only Transformer for causal language modelling (GPT-2 layout, nanoGPT spirit)."""
+"""GPT: a decoder-only Transformer for causal language modelling (nanoGPT spirit). One model, whose config
+names the variant (litgpt's approach): the GPT-2 layout by default; RMSNorm, a SwiGLU MLP, grouped-query
+attention, RoPE with a base and Hugging Face's scalings, q/k/v biases, a sliding window and an untied head make
+the Llama / Qwen2 / Mistral layouts (presets ``conf/model/llama_*.yaml``, ``qwen2_nano.yaml``)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,9 @@ from lit_transformers.nn import (
     LMHead,
     RotaryEmbedding,
     absolute_positions,
+    check_rope_scaling,
     linear_cross_entropy,
+    norm_layer,
     token_embedding,
 )
 
@@ -28,29 +33,45 @@ class GPTConfig:
     n_layer: int = 6
     n_head: int = 6
     d_model: int = 384
-    d_ff: int | None = None  # FFN width; None means 4 * d_model
+    d_ff: int | None = None  # FFN width (gated: the intermediate size); None means 4 * d_model
     dropout: float = 0.0  # residual, embedding and attention dropout
-    bias: bool = True  # biases in Linear and LayerNorm (GPT-2: True)
+    bias: bool = True  # biases in Linear and LayerNorm (GPT-2: True; Llama: False)
     activation: str = "gelu"  # exact GELU (nanoGPT); GPT-2 checkpoints use "gelu_tanh" (from_hf sets it)
     position: str = "learned"  # learned | sinusoidal | rope
     tie_embeddings: bool = True  # share token embedding and output projection (GPT-2, Press & Wolf 2017)
     norm_eps: float = 1e-5
+    norm: str = "layernorm"  # layernorm (GPT-2) | rmsnorm (Llama, Qwen2, Mistral)
+    gated_mlp: bool = False  # gated FFN proj(act(x W_gate) * x W_up): SwiGLU with activation=silu (Llama)
+    n_kv_head: int | None = None  # key/value heads: None = n_head; fewer = grouped-query; 1 = multi-query
+    qkv_bias: bool | None = None  # biases of the q/k/v projections; None = bias (Qwen2: true with bias=false)
+    rope_theta: float = 10000.0  # RoPE base (position=rope; Llama 3: 500000)
+    rope_scaling: dict | None = None  # HF's, e.g. {rope_type: linear, factor: 4.0}: linear|dynamic|llama3
+    sliding_window: int | None = None  # attend to the latest this many tokens, itself included (Mistral)
 
 
 class GPT(nn.Module):
-    """Token + position embeddings -> n_layer pre-norm decoder blocks -> final LayerNorm (the body,
-    :meth:`hidden_states`) -> LM head tied to the token embedding (:meth:`forward`).
+    """Token + position embeddings -> n_layer pre-norm decoder blocks -> final norm (the body,
+    :meth:`hidden_states`) -> LM head, tied to the token embedding or not (:meth:`forward`).
 
     Other heads (a reward model's or PPO value's ``nn.ScalarHead``) read :meth:`hidden_states` directly.
     """
 
     def __init__(self, config: GPTConfig):
         super().__init__()
+        if config.position != "rope" and (config.rope_scaling or config.rope_theta != 10000.0):
+            raise ValueError(
+                f"rope_theta/rope_scaling set with position={config.position!r}; set position=rope or drop them"
+            )
+        check_rope_scaling(config.rope_scaling)
         self.config = config
         self.tok_emb = token_embedding(config.vocab_size, config.d_model)
         self.pos_emb = absolute_positions(config.position, config.block_size, config.d_model)
         head_dim = config.d_model // config.n_head
-        self.rotary = RotaryEmbedding(head_dim, config.block_size) if config.position == "rope" else None
+        self.rotary = (
+            RotaryEmbedding(head_dim, config.block_size, config.rope_theta, config.rope_scaling)
+            if config.position == "rope"
+            else None
+        )
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(
             DecoderBlock(
@@ -63,10 +84,15 @@ class GPT(nn.Module):
                 norm_first=True,
                 bias=config.bias,
                 norm_eps=config.norm_eps,
+                norm=config.norm,
+                gated_mlp=config.gated_mlp,
+                n_kv_head=config.n_kv_head,
+                qkv_bias=config.qkv_bias,
+                sliding_window=config.sliding_window,
             )
             for _ in range(config.n_layer)
         )
-        self.ln_f = nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+        self.ln_f = norm_layer(config.norm, config.d_model, config.norm_eps, config.bias)
         self.lm_head = LMHead(config.d_model, config.vocab_size)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
@@ -97,7 +123,8 @@ class GPT(nn.Module):
         return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.block_size * c.d_model
 
     def new_caches(self, batch_size: int, max_len: int, device=None, dtype=None) -> list[LayerCache]:
-        """Empty per-layer KV caches for incremental decoding (see ``lit_transformers.nn.generate``)."""
+        """Empty per-layer KV caches for incremental decoding (see ``lit_transformers.nn.generate``): each
+        holds the ``n_kv_head`` key/value heads, not ``n_head`` (grouped-query attention's memory saving)."""
         if max_len > self.config.block_size:
             raise ValueError(
                 f"Prompt + new tokens = {max_len} exceeds block_size {self.config.block_size}; "
@@ -105,7 +132,9 @@ class GPT(nn.Module):
             )
         c = self.config
         return [
-            LayerCache(KVCache(batch_size, c.n_head, max_len, c.d_model // c.n_head, device, dtype))
+            LayerCache(
+                KVCache(batch_size, c.n_kv_head or c.n_head, max_len, c.d_model // c.n_head, device, dtype)
+            )
             for _ in range(c.n_layer)
         ]
 
@@ -116,7 +145,7 @@ class GPT(nn.Module):
         mask: torch.Tensor | None = None,
         caches: list[LayerCache] | None = None,
     ) -> torch.Tensor:
-        """idx: (B, T) token ids -> final-LayerNorm hidden states (B, T, d_model).
+        """idx: (B, T) token ids -> final-norm hidden states (B, T, d_model).
 
         ``position_ids`` (B, T) default to 0..T-1 after any cached tokens; ``mask`` (B, 1, T, T_k) bool
         adds key padding on top of the causal mask (``nn.padded_attention_mask``).
@@ -165,17 +194,21 @@ class GPT(nn.Module):
             return linear_cross_entropy(hidden, self.lm_head.weight, labels)
         return self.lm_head(hidden[:, -1:] if last_only else hidden)
 
-    # ---- Hugging Face GPT-2 interoperability -------------------------------------------------
+    # ---- Hugging Face interoperability: GPT-2, Llama, Qwen2, Mistral -------------------------
 
     @classmethod
-    def from_hf(cls, path_or_model) -> GPT:
-        """Load a Hugging Face GPT-2: a local directory (config.json + weights) or a ``GPT2LMHeadModel``."""
-        from lit_transformers.models.hf_gpt2 import from_hf
+    def from_hf(cls, path_or_model, trust_checkpoint: bool = False, dtype: torch.dtype | None = None) -> GPT:
+        """Load a Hugging Face causal LM (``hf_convert.DECODERS``): a local directory (config.json + weights) or
+        a ``transformers`` model object. ``dtype`` None keeps the checkpoint's (its config's ``torch_dtype``);
+        ``trust_checkpoint`` allows a ``pytorch_model.bin`` that needs arbitrary unpickling."""
+        from lit_transformers.models.hf_convert import decoder_converter
 
-        return from_hf(cls, path_or_model)
+        return decoder_converter(path_or_model).from_hf(cls, path_or_model, trust_checkpoint, dtype)
 
     def to_hf(self, save_dir: str | Path | None = None):
-        """Export as ``transformers.GPT2LMHeadModel`` (and ``save_pretrained`` it when save_dir is given)."""
-        from lit_transformers.models.hf_gpt2 import to_hf
+        """Export as ``transformers`` ``GPT2LMHeadModel`` (the GPT-2 layout) or ``LlamaForCausalLM`` /
+        ``Qwen2ForCausalLM`` (q/k/v biases) / ``MistralForCausalLM`` (a sliding window), and
+        ``save_pretrained`` it when save_dir is given."""
+        from lit_transformers.models import hf_gpt2, hf_llama
 
-        return to_hf(self, save_dir)
+        return (hf_gpt2 if self.config.norm == "layernorm" else hf_llama).to_hf(self, save_dir)

@@ -1,4 +1,4 @@
-"""The one idiom of the Hugging Face converters (``hf_gpt2``, ``hf_bert``, ``hf_marian``): a family is a
+"""The one idiom of the Hugging Face converters (``hf_gpt2``, ``hf_llama``, ``hf_bert``, ``hf_marian``): a family is a
 :class:`NameMap` (which of our tensors is which HF tensor, in which layout: data) plus its config
 translation; :func:`load_from_hf` and :func:`export_to_hf` apply any map, in either direction, strictly.
 
@@ -15,11 +15,14 @@ tensor stored in another layout is one more row of ``LAYOUTS``.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -56,6 +59,7 @@ class Weight:
     output dimension in that order. ``aliases``: further HF keys holding the same (tied) tensor, which some
     files and every model object carry; on import the first present is read and the others must equal it.
     ``optional``: a file may lack it (a model without a pooler); ours then keeps its fresh initialisation.
+    ``split``: the output sizes of a tuple's HF tensors when they differ (grouped-query q, k, v); equal if empty.
     """
 
     ours: str
@@ -63,6 +67,7 @@ class Weight:
     layout: str = "same"
     aliases: tuple[str, ...] = ()
     optional: bool = False
+    split: tuple[int, ...] = ()
 
     @property
     def hf_keys(self) -> tuple[str, ...]:
@@ -97,6 +102,14 @@ def repeat(layer: Iterable[Weight], n: int, ours_prefix: str, hf_prefix: str) ->
     ]
 
 
+def with_lm_head(embedding: Weight, body: Iterable[Weight], tied: bool) -> list[Weight]:
+    """A decoder's token ``embedding``, its ``body`` and its output projection ``lm_head.weight``: tied, HF's is
+    the token embedding (model objects carry it, saved files drop it); untied, a weight of its own."""
+    if tied:
+        return [replace(embedding, aliases=(*embedding.aliases, "lm_head.weight")), *body]
+    return [embedding, *body, Weight("lm_head.weight", "lm_head.weight")]
+
+
 @dataclass(frozen=True)
 class NameMap:
     """One family's map between our state dict and HF's. HF names are those of the family's full model
@@ -120,9 +133,12 @@ def read_hf_config(path: str | Path, family: str) -> dict:
     return json.loads((path / "config.json").read_text())
 
 
-def load_hf_checkpoint(path_or_model, family: str) -> tuple[dict, dict[str, torch.Tensor]]:
+def load_hf_checkpoint(
+    path_or_model, family: str, trust_checkpoint: bool = False
+) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config dict, state dict) from a ``transformers`` model object or a local checkpoint directory
-    (``model.safetensors`` or ``pytorch_model.bin``, the latter read with ``weights_only``)."""
+    (``model.safetensors``, sharded ones with their ``model.safetensors.index.json``, or ``pytorch_model.bin``,
+    the latter read with ``weights_only`` unless ``trust_checkpoint``)."""
     if isinstance(path_or_model, nn.Module):
         return path_or_model.config.to_dict(), path_or_model.state_dict()
     path = Path(path_or_model).expanduser()
@@ -131,11 +147,84 @@ def load_hf_checkpoint(path_or_model, family: str) -> tuple[dict, dict[str, torc
         from safetensors.torch import load_file
 
         state = load_file(str(path / "model.safetensors"))
+    elif (path / SHARD_INDEX).is_file():
+        state = read_sharded_safetensors(path)
     elif (path / "pytorch_model.bin").is_file():
-        state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=not trust_checkpoint)
     else:
         raise FileNotFoundError(f"No model.safetensors or pytorch_model.bin in {path}")
     return config, state
+
+
+SHARD_INDEX = (
+    "model.safetensors.index.json"  # save_pretrained(max_shard_size=...): which shard holds which tensor
+)
+
+
+def read_sharded_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint saved in shards, read through the index that names their files."""
+    from safetensors.torch import load_file
+
+    shards = sorted(set(json.loads((path / SHARD_INDEX).read_text())["weight_map"].values()))
+    missing = [name for name in shards if not (path / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{path / SHARD_INDEX} names shards that are not there: {missing}")
+    return {key: t for name in shards for key, t in load_file(str(path / name)).items()}
+
+
+def checkpoint_dtype(path_or_model, hf_config: dict, hf_state: dict[str, torch.Tensor]) -> torch.dtype:
+    """The dtype a checkpoint is in: a model object's weights', else its config's ``dtype`` (``torch_dtype``
+    before transformers 5), else its weights'."""
+    name = (
+        None
+        if isinstance(path_or_model, nn.Module)
+        else hf_config.get("dtype") or hf_config.get("torch_dtype")
+    )
+    if isinstance(getattr(torch, str(name), None), torch.dtype):
+        return getattr(torch, name)
+    return next((t.dtype for t in hf_state.values() if t.is_floating_point()), torch.float32)
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Modules built inside have ``dtype`` parameters (a bf16 checkpoint never passes through float32); buffers
+    made in an explicit dtype, as the RoPE tables, keep it."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+# Hugging Face causal LMs our GPT loads: model_type -> (the converter module, its architecture)
+DECODERS = {
+    "gpt2": ("hf_gpt2", "GPT2LMHeadModel"),
+    "llama": ("hf_llama", "LlamaForCausalLM"),
+    "qwen2": ("hf_llama", "Qwen2ForCausalLM"),
+    "mistral": ("hf_llama", "MistralForCausalLM"),
+}
+
+
+def config_of(path_or_model, family: str) -> dict:
+    """The config dict of a ``transformers`` model object or a local checkpoint directory, weights unread."""
+    if isinstance(path_or_model, nn.Module):
+        return path_or_model.config.to_dict()
+    return read_hf_config(path_or_model, family)
+
+
+def decoder_converter(path_or_model) -> ModuleType:
+    """The converter module (``hf_gpt2``, ``hf_llama``) of a Hugging Face causal LM, by its ``model_type``;
+    another architecture (a mixture of experts, an encoder) is refused with the supported list."""
+    hf = config_of(path_or_model, "causal LM")
+    if hf.get("model_type") not in DECODERS:
+        raise ValueError(
+            f"Unsupported architecture {hf.get('architectures') or hf.get('model_type')!r} "
+            f"(model_type={hf.get('model_type')!r}): our GPT loads "
+            f"{', '.join(architecture for _, architecture in DECODERS.values())}. Pass a checkpoint of one of "
+            "them (mixture-of-experts variants such as Mixtral or Qwen2-MoE are not among them)."
+        )
+    return importlib.import_module(f"lit_transformers.models.{DECODERS[hf['model_type']][0]}")
 
 
 def activation_from_hf(name: str, family: str) -> str:
@@ -211,7 +300,8 @@ def state_to_hf(state: dict[str, torch.Tensor], name_map: NameMap) -> dict[str, 
     for weight in name_map.weights:
         tensor = LAYOUTS[weight.layout][1](state[weight.ours])
         if isinstance(weight.hf, tuple):
-            hf_state |= {key: t.contiguous() for key, t in zip(weight.hf, tensor.chunk(len(weight.hf)))}
+            parts = tensor.split(list(weight.split)) if weight.split else tensor.chunk(len(weight.hf))
+            hf_state |= {key: t.contiguous() for key, t in zip(weight.hf, parts)}
         else:
             hf_state |= dict.fromkeys(weight.hf_keys, tensor)
     return hf_state

@@ -27,16 +27,13 @@ BUFFERS = (".attn.bias", ".attn.masked_bias")
 
 
 def name_map(config: GPTConfig) -> NameMap:
-    # tied: HF's lm_head.weight is the token embedding (model objects carry it, saved files drop it)
-    tied_head = ("lm_head.weight",) if config.tie_embeddings else ()
-    weights = [
-        Weight("tok_emb.weight", "transformer.wte.weight", aliases=tied_head),
+    body = [
         Weight("pos_emb.weight", "transformer.wpe.weight"),
         *repeat(LAYER, config.n_layer, "blocks.{i}.", "transformer.h.{i}."),
         *affine("ln_f", "transformer.ln_f"),
     ]
-    if not config.tie_embeddings:
-        weights.append(Weight("lm_head.weight", "lm_head.weight"))
+    embedding = Weight("tok_emb.weight", "transformer.wte.weight")
+    weights = hf_convert.with_lm_head(embedding, body, config.tie_embeddings)
     return NameMap(FAMILY, tuple(weights), body_prefix="transformer.", buffers=BUFFERS)
 
 
@@ -92,10 +89,12 @@ def hf_config(c: GPTConfig):
     )
 
 
-def from_hf(cls: type[GPT], path_or_model) -> GPT:
-    """``cls`` holding a ``GPT2LMHeadModel``/``GPT2Model`` object's or a local GPT-2 directory's weights."""
-    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY)
-    model = cls(config_from_hf(hf))
+def from_hf(cls: type[GPT], path_or_model, trust_checkpoint: bool = False, dtype=None) -> GPT:
+    """``cls`` holding a ``GPT2LMHeadModel``/``GPT2Model`` object's or a local GPT-2 directory's weights, in
+    ``dtype`` (None: the checkpoint's)."""
+    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY, trust_checkpoint)
+    with hf_convert.default_dtype(dtype or hf_convert.checkpoint_dtype(path_or_model, hf, hf_state)):
+        model = cls(config_from_hf(hf))
     hf_convert.load_from_hf(model, hf_state, name_map(model.config))
     return model
 

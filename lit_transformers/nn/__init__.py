@@ -22,6 +22,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "FeedForward",
             "LayerCache",
             "TransformerBlock",
+            "norm_layer",
             "token_embedding",
         ],
         "generation": ["generate", "logprobs_of", "padded_forward", "sample_next", "token_logprobs"],
@@ -32,6 +33,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "RotaryEmbedding",
             "SinusoidalPositions",
             "absolute_positions",
+            "check_rope_scaling",
             "sinusoidal_table",
         ],
         "rlhf": [

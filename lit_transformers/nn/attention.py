@@ -50,10 +50,13 @@ class KVCache:
         self.v[:, :, filled] = self.v[:, :, filled].index_select(0, index)
 
 
-def causal_mask(t_q: int, t_k: int, device=None) -> torch.Tensor:
-    """(T_q, T_k) lower-triangular mask aligned to the *end*: query i is key position t_k - t_q + i."""
+def causal_mask(t_q: int, t_k: int, device=None, window: int | None = None) -> torch.Tensor:
+    """(T_q, T_k) lower-triangular mask aligned to the *end*: query i is key position t_k - t_q + i. With a
+    sliding ``window`` (Mistral), each query sees only the latest ``window`` keys, itself included."""
     offset = t_k - t_q
-    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=offset)
+    ones = torch.ones(t_q, t_k, dtype=torch.bool, device=device)
+    mask = ones.tril(diagonal=offset)
+    return mask if window is None else mask & ones.triu(diagonal=offset - window + 1)
 
 
 def padding_mask(key_valid: torch.Tensor) -> torch.Tensor:
@@ -85,6 +88,10 @@ class MultiHeadAttention(nn.Module):
 
     Self-attention projects Q, K and V with one fused matmul (``qkv_proj``); cross-attention
     projects queries from ``x`` and keys/values from ``context`` (``q_proj`` + ``kv_proj``).
+    ``n_kv_head`` < ``n_head`` is grouped-query attention (1: multi-query): each key/value head serves
+    ``n_head / n_kv_head`` query heads, and a KV cache holds only the ``n_kv_head`` heads. ``qkv_bias``
+    (default ``bias``) sets the query/key/value biases apart from the output's (Qwen2). A causal
+    ``sliding_window`` lets each query see only the latest that many keys (Mistral).
     """
 
     def __init__(
@@ -95,26 +102,43 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         cross_attention: bool = False,
         context_dim: int | None = None,
+        n_kv_head: int | None = None,
+        qkv_bias: bool | None = None,
+        sliding_window: int | None = None,
     ):
         super().__init__()
-        if d_model % n_head != 0:
-            raise ValueError(f"d_model={d_model} must be divisible by n_head={n_head}")
-        self.n_head, self.head_dim = n_head, d_model // n_head
-        self.cross_attention = cross_attention
+        n_kv_head = n_kv_head or n_head
+        if d_model % n_head != 0 or n_head % n_kv_head != 0:
+            raise ValueError(
+                f"d_model={d_model} must be divisible by n_head={n_head}, and n_head by n_kv_head={n_kv_head}"
+            )
+        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, d_model // n_head
+        self.cross_attention, self.sliding_window = cross_attention, sliding_window
         self.dropout = dropout
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        kv_dim = n_kv_head * self.head_dim
         if cross_attention:
-            self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-            self.kv_proj = nn.Linear(context_dim or d_model, 2 * d_model, bias=bias)
+            self.q_proj = nn.Linear(d_model, d_model, bias=qkv_bias)
+            self.kv_proj = nn.Linear(context_dim or d_model, 2 * kv_dim, bias=qkv_bias)
         else:
-            self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+            self.qkv_proj = nn.Linear(d_model, d_model + 2 * kv_dim, bias=qkv_bias)  # [q | k | v]
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
-        return x.view(B, T, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        B, T, C = x.shape
+        return x.view(B, T, C // self.head_dim, self.head_dim).transpose(1, 2)  # (B, nh or n_kv, T, hs)
+
+    def _project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        kv_dim = self.n_kv_head * self.head_dim
+        q, k, v = self.qkv_proj(x).split([x.size(-1), kv_dim, kv_dim], dim=-1)
+        return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+
+    def _expand_kv(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, n_kv, T, hs) -> (B, nh, T, hs): each key/value head repeated for the query heads it serves."""
+        return t.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
 
     def context_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention keys and values (B, nh, S, hs) of encoder memory (B, S, d_context)."""
+        """Cross-attention keys and values (B, n_kv, S, hs) of encoder memory (B, S, d_context)."""
         k, v = self.kv_proj(context).chunk(2, dim=-1)
         return self._split_heads(k), self._split_heads(v)
 
@@ -128,8 +152,8 @@ class MultiHeadAttention(nn.Module):
             q = self._split_heads(self.q_proj(x))
             k, _ = self.context_kv(context)
         else:
-            q, k, _ = (self._split_heads(t) for t in self.qkv_proj(x).split(x.size(-1), dim=-1))
-        scores = q @ k.transpose(-2, -1) / self.head_dim**0.5
+            q, k, _ = self._project_qkv(x)
+        scores = q @ self._expand_kv(k).transpose(-2, -1) / self.head_dim**0.5
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         return scores.softmax(dim=-1)
@@ -147,7 +171,8 @@ class MultiHeadAttention(nn.Module):
         """x: (B, T, d_model) -> (B, T, d_model).
 
         ``mask`` is broadcastable to (B, nh, T, T_k) with True = attend; T_k counts cached keys.
-        ``is_causal`` hides keys after each query (end-aligned when a cache holds earlier tokens).
+        ``is_causal`` hides keys after each query (end-aligned when a cache holds earlier tokens), and those
+        outside the sliding window.
         """
         B, T, C = x.shape
         if self.cross_attention:
@@ -159,21 +184,33 @@ class MultiHeadAttention(nn.Module):
                 if kv_cache is not None:
                     k, v = kv_cache.append(k, v)
         else:
-            q, k, v = (self._split_heads(t) for t in self.qkv_proj(x).split(C, dim=-1))
+            q, k, v = self._project_qkv(x)
             if rotary is not None:
                 q, k = rotary(q, position_ids), rotary(k, position_ids)
             if kv_cache is not None:
                 k, v = kv_cache.append(k, v)
 
         t_k = k.size(2)
-        if is_causal and T == 1:
+        window = self.sliding_window if self.sliding_window and t_k > self.sliding_window else None
+        if is_causal and T == 1 and window is None:
             is_causal = False  # a single new query may see every cached key
-        elif is_causal and (mask is not None or t_k != T):
-            causal = causal_mask(T, t_k, device=x.device)
+        elif is_causal and (mask is not None or t_k != T or window is not None):
+            causal = causal_mask(T, t_k, device=x.device, window=window)
             mask = causal if mask is None else mask & causal
             is_causal = False
+        grouped = self.n_kv_head != self.n_head
+        # SDPA's fused kernels take grouped heads only without a mask (HF's sdpa path expands there too); the
+        # cache keeps n_kv_head heads either way
+        if grouped and mask is not None:
+            k, v, grouped = self._expand_kv(k), self._expand_kv(v), False
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=is_causal,
+            enable_gqa=grouped,
         )  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.out_proj(y)

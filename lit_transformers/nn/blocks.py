@@ -35,18 +35,48 @@ def token_embedding(vocab_size: int | None, dim: int, **kwargs) -> nn.Embedding:
     return nn.Embedding(vocab_size, dim, **kwargs)
 
 
-class FeedForward(nn.Module):
-    """Position-wise FFN: Linear(d, d_ff) -> activation -> Linear(d_ff, d) -> dropout."""
+NORMS = {
+    "layernorm": lambda d, eps, bias: nn.LayerNorm(d, eps=eps, bias=bias),  # GPT-2, BERT
+    "rmsnorm": lambda d, eps, bias: nn.RMSNorm(d, eps=eps),  # Llama, Qwen2, Mistral: no bias, no centring
+}
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", dropout: float = 0.0, bias=True):
+
+def norm_layer(kind: str, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
+    """The ``NORMS`` entry ``kind`` over ``d_model`` features."""
+    if kind not in NORMS:
+        raise ValueError(f"Unknown norm {kind!r}; choose one of {sorted(NORMS)}")
+    return NORMS[kind](d_model, eps, bias)
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: Linear(d, d_ff) -> activation -> Linear(d_ff, d) -> dropout.
+
+    ``gated`` (GLU variants, Shazeer 2020; SwiGLU with silu, as Llama): proj(act(x W_gate) * (x W_up)), the
+    gate and up projections fused in ``fc`` as [gate | up].
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        activation: str = "gelu",
+        dropout: float = 0.0,
+        bias=True,
+        gated: bool = False,
+    ):
         super().__init__()
-        self.fc = nn.Linear(d_model, d_ff, bias=bias)
+        self.gated = gated
+        self.fc = nn.Linear(d_model, 2 * d_ff if gated else d_ff, bias=bias)
         self.act = activation_module(activation)
         self.proj = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(self.act(self.fc(x))))
+        h = self.fc(x)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            return self.dropout(self.proj(self.act(gate) * up))
+        return self.dropout(self.proj(self.act(h)))
 
 
 @dataclass
@@ -62,6 +92,8 @@ class TransformerBlock(nn.Module):
 
     ``norm_first=True`` is pre-norm (GPT-2: x + f(LN(x))); ``False`` is the original post-norm
     Transformer (LN(x + f(x))). Use :func:`EncoderBlock` / :func:`DecoderBlock` for the usual setups.
+    ``norm`` names the norm (:data:`NORMS`), ``gated_mlp`` the FFN's form (:class:`FeedForward`);
+    ``n_kv_head``, ``qkv_bias`` and ``sliding_window`` go to the self-attention (:class:`MultiHeadAttention`).
     """
 
     def __init__(
@@ -78,20 +110,33 @@ class TransformerBlock(nn.Module):
         context_dim: int | None = None,
         bias: bool = True,
         norm_eps: float = 1e-5,
+        norm: str = "layernorm",
+        gated_mlp: bool = False,
+        n_kv_head: int | None = None,
+        qkv_bias: bool | None = None,
+        sliding_window: int | None = None,
     ):
         super().__init__()
         self.norm_first, self.causal = norm_first, causal
-        self.ln_1 = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
-        self.attn = MultiHeadAttention(d_model, n_head, attn_dropout, bias)
+        self.ln_1 = norm_layer(norm, d_model, norm_eps, bias)
+        self.attn = MultiHeadAttention(
+            d_model,
+            n_head,
+            attn_dropout,
+            bias,
+            n_kv_head=n_kv_head,
+            qkv_bias=qkv_bias,
+            sliding_window=sliding_window,
+        )
         if cross_attention:
-            self.ln_cross = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
+            self.ln_cross = norm_layer(norm, d_model, norm_eps, bias)
             self.cross_attn = MultiHeadAttention(
                 d_model, n_head, attn_dropout, bias, cross_attention=True, context_dim=context_dim
             )
         else:
             self.cross_attn = None
-        self.ln_2 = nn.LayerNorm(d_model, eps=norm_eps, bias=bias)
-        self.mlp = FeedForward(d_model, d_ff or 4 * d_model, activation, dropout, bias)
+        self.ln_2 = norm_layer(norm, d_model, norm_eps, bias)
+        self.mlp = FeedForward(d_model, d_ff or 4 * d_model, activation, dropout, bias, gated=gated_mlp)
         self.dropout = nn.Dropout(dropout)
 
     def forward(

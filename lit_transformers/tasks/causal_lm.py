@@ -14,12 +14,18 @@ from lit_transformers.text import left_pad
 
 
 class CausalLMTask(Task):
-    """Args: ``model``, the GPT config spec (``vocab_size: null`` takes the tokenizer's); the rest as in
-    :class:`Task`."""
+    """Args: ``model``, the GPT config spec (``vocab_size: null`` takes the tokenizer's); ``init_from_hf``: a
+    Hugging Face GPT-2 / Llama / Qwen2 / Mistral directory whose config replaces the spec and whose weights
+    initialise the model (train with its tokenizer: ``data.tokenizer_path=<the same directory>``); the rest as
+    in :class:`Task`."""
 
     data_needs = (TokenizedText,)
 
-    def __init__(self, model: dict | GPTConfig, **task_args):
+    def __init__(self, model: dict | GPTConfig, init_from_hf: str | None = None, **task_args):
+        if init_from_hf:  # the architecture is the checkpoint's: recorded now, so a resumed run matches it
+            from lit_transformers.models.hf_convert import decoder_converter, read_hf_config
+
+            model = decoder_converter(init_from_hf).config_from_hf(read_hf_config(init_from_hf, "causal LM"))
         model = config_spec(model)  # before the base records the arguments as hyperparameters
         super().__init__(**task_args)
         # token-weighted means (sum of token losses / token count, over batches and ranks): val/ppl is
@@ -28,6 +34,14 @@ class CausalLMTask(Task):
         self.track_best("val/loss", "min")
 
     def build_model(self) -> GPT:
+        if self.hparams.init_from_hf:
+            # float32, whatever the checkpoint's dtype: trainer.precision (bf16-true, bf16-mixed) decides what
+            # runs in bf16, and the optimizer keeps float32 weights under bf16-mixed
+            path = self.hparams.init_from_hf
+            model = GPT.from_hf(path, self.hparams.trust_checkpoint, dtype=torch.float32)
+            self.check_hf_vocabulary(model.config.vocab_size, "GPT")
+            self.hparams.init_from_hf = None  # checkpoints of this task rebuild it from hparams.model
+            return model
         return GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
