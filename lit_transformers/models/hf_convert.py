@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lit_transformers.utils.checkpoints import read_weights
+
 log = logging.getLogger(__name__)
 
 # HF ``hidden_act`` / ``activation_function`` -> ours (``nn.blocks.ACTIVATIONS``); export writes the first HF
@@ -122,19 +124,22 @@ def read_hf_config(path: str | Path, family: str) -> dict:
 
 def load_hf_checkpoint(path_or_model, family: str) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config dict, state dict) from a ``transformers`` model object or a local checkpoint directory
-    (``model.safetensors`` or ``pytorch_model.bin``, the latter read with ``weights_only``)."""
+    (``model.safetensors`` or ``pytorch_model.bin``, the latter read weights-only); a truncated, corrupt or
+    pickled weights file is refused in one paragraph naming it (``read_weights``)."""
     if isinstance(path_or_model, nn.Module):
         return path_or_model.config.to_dict(), path_or_model.state_dict()
     path = Path(path_or_model).expanduser()
     config = read_hf_config(path, family)
-    if (path / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        state = load_file(str(path / "model.safetensors"))
-    elif (path / "pytorch_model.bin").is_file():
-        state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    else:
+    found = [path / name for name in ("model.safetensors", "pytorch_model.bin") if (path / name).is_file()]
+    if not found:
         raise FileNotFoundError(f"No model.safetensors or pytorch_model.bin in {path}")
+    state = read_weights(
+        found[0],
+        f"{found[0]} (task.init_from_hf={path})",
+        pickled_fix="If you trust where it came from, save its weights as model.safetensors, which holds tensors "
+        "only (transformers: save_pretrained)",
+        corrupt_fix="Download the checkpoint again",
+    )
     return config, state
 
 
