@@ -299,7 +299,9 @@ REFUSED = {
 }
 
 
-@pytest.mark.parametrize("case", list(REFUSED))
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=[pytest.mark.cli] if REFUSED[c].launcher_env else []) for c in REFUSED]
+)
 def test_unloadable_files_a_full_disk_and_torchrun_without_a_job_id_end_in_one_paragraph(
     case, compose_cfg, tmp_path, tiny_lm_run, monkeypatch, capsys
 ):
@@ -317,10 +319,8 @@ def test_unloadable_files_a_full_disk_and_torchrun_without_a_job_id_end_in_one_p
         cfg = compose_cfg(*overrides)
         if refused.setup:
             refused.setup(monkeypatch)
-        with (
-            pytest.raises(SystemExit) as exit_code,
-            report_user_errors(),
-        ):  # what the command line does with it
+        # report_user_errors: what the command line does with the error
+        with pytest.raises(SystemExit) as exit_code, report_user_errors():
             train(cfg)
         code, stderr = exit_code.value.code, capsys.readouterr().err
     assert code == 1 and "Traceback" not in stderr, stderr
