@@ -8,6 +8,8 @@ from pathlib import Path
 import timm
 from torch import nn
 
+from lit_transformers.utils.checkpoints import read_weights
+
 
 @dataclass
 class ImageClassifierConfig:
@@ -35,7 +37,26 @@ def create_backbone(
             raise ValueError(
                 "pretrained_file is set but pretrained=false; set model.backbone.pretrained=true"
             )
+        # JAX .npz weights are read by timm's models themselves
+        if Path(pretrained_file).suffix not in (".npz", ".npy"):
+            read_weights(  # refused here in a paragraph, not in a traceback from inside timm
+                pretrained_file,
+                f"model.backbone.pretrained_file={pretrained_file}",
+                pickled_fix="If you trust where it came from, save its state dict alone (torch.save("
+                "model.state_dict(), path) or a .safetensors file), which holds tensors only",
+                corrupt_fix="Download or save the weights again",
+            )
         kwargs["pretrained_cfg_overlay"] = {"file": str(pretrained_file)}
     if not timm.is_model(name):
         raise ValueError(f"Unknown timm model {name!r}; see timm.list_models('vit_*') for names")
-    return timm.create_model(name, pretrained=pretrained, **kwargs)
+    try:
+        return timm.create_model(name, pretrained=pretrained, **kwargs)
+    except RuntimeError as err:
+        if pretrained_file is None or not str(err).startswith("Error(s) in loading state_dict"):
+            raise
+        first = str(err).split("\n")[1].strip()  # "size mismatch for <name>: ...", "Missing key(s) ..."
+        raise ValueError(
+            f"model.backbone.pretrained_file={pretrained_file} does not fit timm model {name!r} as configured "
+            f"({first[:200]}); pass weights of that model, or set model.backbone.name and its sizes (img_size, "
+            "patch_size, depth, ...) to those the weights were trained with"
+        ) from err

@@ -195,11 +195,7 @@ class PPOTask(PolicyEvaluation, Task):
                 loss = pg["loss"] + h.vf_coef * vf["loss"]
                 optimizer.zero_grad()
                 self.manual_backward(loss)
-                if h.max_grad_norm:
-                    self.clip_gradients(
-                        optimizer, gradient_clip_val=h.max_grad_norm, gradient_clip_algorithm="norm"
-                    )
-                optimizer.step()
+                optimizer.step()  # clips first: on_before_optimizer_step
                 if scheduler is not None:
                     scheduler.step()
                 if epoch == 0 and start == 0:
@@ -215,6 +211,15 @@ class PPOTask(PolicyEvaluation, Task):
                 }.items():
                     stats.setdefault(key, []).append(value.detach())
         self._log_iteration(exp, stats)
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Clip where automatic optimization clips: inside ``optimizer.step()``, after a GradScaler unscaled the
+        gradients (before it, as Lightning's manual-optimization examples do, the clip would act on scaled ones)."""
+        super().on_before_optimizer_step(optimizer)
+        if self.hparams.max_grad_norm:
+            self.clip_gradients(
+                optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm"
+            )
 
     def _log_iteration(self, exp: dict, stats: dict) -> None:
         mask = exp["mask"]
