@@ -155,8 +155,8 @@ def load_hf_checkpoint(
         found[0],
         f"{found[0]} (task.init_from_hf={path})",
         trusted=trust_checkpoint,
-        pickled_fix="If you trust where it came from, save its weights as model.safetensors, which holds tensors "
-        "only (transformers: save_pretrained)",
+        pickled_fix="If you trust where it came from, add trust_checkpoint=true, or save its weights as "
+        "model.safetensors (transformers: save_pretrained), which holds tensors only",
         corrupt_fix="Download the checkpoint again",
     )
     return config, state

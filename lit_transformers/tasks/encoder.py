@@ -36,7 +36,11 @@ class EncoderTask(Task):
 
     def build_bert(self) -> BERT:
         if self.hparams.init_from_hf:
-            bert = BERT.from_hf(self.hparams.init_from_hf, pretraining_heads=self.pretraining_heads)
+            bert = BERT.from_hf(
+                self.hparams.init_from_hf,
+                self.pretraining_heads,
+                trust_checkpoint=self.hparams.trust_checkpoint,
+            )
             self.check_hf_vocabulary(bert.config.vocab_size, "BERT")
             # checkpoints of this task rebuild the same architecture (hparams.model, set in __init__) without
             # the Hugging Face directory

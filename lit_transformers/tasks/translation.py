@@ -54,7 +54,7 @@ class TranslationTask(Task):
         if init_from_hf:  # the architecture is the checkpoint's: recorded now, so a resumed run matches it
             from lit_transformers.models.hf_marian import read_config
 
-            model = read_config(init_from_hf)
+            model = read_config(init_from_hf, task_args.get("trust_checkpoint", False))
         model = config_spec(model)  # before the base records the arguments as hyperparameters
         super().__init__(**task_args)
         self.source_tokenizer = Tokenizer.from_state(source_tokenizer) if source_tokenizer else None
@@ -71,7 +71,7 @@ class TranslationTask(Task):
 
     def build_model(self) -> Seq2SeqTransformer:
         if self.hparams.init_from_hf:
-            model = Seq2SeqTransformer.from_hf(self.hparams.init_from_hf)
+            model = Seq2SeqTransformer.from_hf(self.hparams.init_from_hf, self.hparams.trust_checkpoint)
             self.check_hf_vocabulary(model.config.vocab_size, "Marian model")
             self.hparams.init_from_hf = None  # checkpoints of this task rebuild it from hparams.model
             return model
