@@ -74,7 +74,8 @@ class ContrastiveTask(Task):
 
     def _eval_step(self, batch, batch_idx: int, stage: str) -> None:
         loss, image_features, text_features = self._loss(batch)
-        self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=stage == "val", sync_dist=True)
+        # the mean over this rank's rows (local_loss) or over all (then equal on every rank): weighted by its rows
+        self.log_mean(f"{stage}/loss", loss, batch["image"].size(0), prog_bar=stage == "val")
         store = self._eval.setdefault(stage, [])
         index_label = torch.stack([batch["image_index"], batch["label"]], dim=1).float()  # (B, 2)
         store.append(torch.cat([image_features.float(), index_label], dim=1))  # gathered as one tensor

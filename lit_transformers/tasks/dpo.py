@@ -13,7 +13,7 @@ from lit_transformers.models import GPT, GPTConfig
 from lit_transformers.nn import token_logprobs
 from lit_transformers.nn.rlhf import dpo_loss
 from lit_transformers.tasks.base import Task
-from lit_transformers.tasks.instruct import PolicyEvaluation, eval_metrics
+from lit_transformers.tasks.instruct import PolicyEvaluation
 from lit_transformers.tasks.specs import config_spec
 
 
@@ -45,7 +45,6 @@ class DPOTask(PolicyEvaluation, Task):
     ):
         model = config_spec(model)
         super().__init__(**task_args)
-        self.eval_metrics = eval_metrics(self.EVAL_KEYS)
         self.reference_cache: dict[tuple[str, int], torch.Tensor] = {}  # (split, index) -> (chosen, rejected)
 
     def build_models(self) -> dict:
@@ -82,16 +81,21 @@ class DPOTask(PolicyEvaluation, Task):
         if h.rpo_alpha:  # RPO: + alpha * NLL of the chosen responses, per token
             chosen_tokens = batch["response_mask"][: len(policy_chosen), 1:].sum()
             loss = loss - h.rpo_alpha * policy_chosen.sum() / chosen_tokens
-        on_step = stage == "train"
-        prefix = "" if on_step else f"{stage}/"  # TRL's names in training: rewards/chosen, ...
-        for key, value in {
-            f"{stage}/loss": loss,
-            f"{prefix}rewards/chosen": chosen.mean(),
-            f"{prefix}rewards/rejected": rejected.mean(),
-            f"{prefix}rewards/accuracies": (chosen > rejected).float().mean(),
-            f"{prefix}rewards/margins": (chosen - rejected).mean(),
-        }.items():
-            self.log(key, value, on_step=on_step, on_epoch=not on_step, prog_bar=key.endswith("loss"))
+        per_pair = {
+            "rewards/chosen": chosen,
+            "rewards/rejected": rejected,
+            "rewards/accuracies": (chosen > rejected).float(),
+            "rewards/margins": chosen - rejected,
+        }
+        if stage == "train":  # TRL's names in training: rewards/chosen, ...
+            self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+            for key, value in per_pair.items():
+                self.log(key, value.mean(), on_step=True, on_epoch=False)
+            return loss
+        # each pair counts once (RPO's term, a mean over the batch's chosen tokens, weighs by its pairs)
+        self.log_mean(f"{stage}/loss", loss, len(losses), prog_bar=True)
+        for key, value in per_pair.items():
+            self.log_mean(f"{stage}/{key}", value)
         return loss
 
     def training_step(self, batch, batch_idx):
