@@ -1,0 +1,138 @@
+"""Evaluation metrics are sums and counts over every sample of the split: on the same checkpoint, 2 DDP ranks log
+what 1 process logs, and what a recompute in plain torch gives (sum of per-sample values / count). The test splits
+have an odd size, so the ranks get unequal shares: the case where a mean of rank means, or Lightning's
+``sync_dist`` mean (which divides the summed batch sizes by the world size as integers), moves the value. Every
+family of a test runs in one launch of 2 processes (tests/ddp_eval_worker.py), each a few seconds."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import get_class, instantiate
+from omegaconf import OmegaConf
+from test_precision import FAMILIES
+
+from lit_transformers.nn import IGNORE_INDEX
+from lit_transformers.train import train
+from lit_transformers.utils.checkpoints import use_checkpoint_tokenizers
+
+from conftest import TESTS, compose_train_cfg, run_cli
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+FIT = ["trainer.max_steps=1", "trainer.limit_val_batches=0", "test=false", "sample=null"]
+EVALUATE = ["train=false", "trainer.limit_test_batches=1.0", "sample=null"]
+
+
+def _evaluations(families: dict[str, list[str]], root: Path, cache_dir: Path) -> dict[str, dict]:
+    """Per family (its tiny experiment of test_precision, plus ``families[family]``): one training step saved as
+    last.ckpt, then its test in this process ("one") and, every family in one launch, on 2 DDP ranks ("two")."""
+    runs, ddp_configs = {}, []
+    for family, extra in families.items():
+        data = root / family / "data"
+        data.mkdir(parents=True)
+        overrides = [*FAMILIES[family](data), *extra]
+        train(compose_train_cfg(*overrides, *FIT, output_dir=root / family / "fit", cache_dir=cache_dir))
+        checkpoint = root / family / "fit" / "checkpoints" / "last.ckpt"
+        evaluate = [*overrides, *EVALUATE, f"ckpt_path={checkpoint}"]
+        one = compose_train_cfg(*evaluate, output_dir=root / family / "one", cache_dir=cache_dir)
+        runs[family] = {"cfg": one, "checkpoint": checkpoint, "one": train(one).metrics}
+        two = compose_train_cfg(
+            *evaluate, "trainer=ddp_cpu", output_dir=root / family / "two", cache_dir=cache_dir
+        )
+        ddp_configs.append(root / family / "two" / "config.yaml")
+        ddp_configs[-1].parent.mkdir()
+        OmegaConf.save(two, ddp_configs[-1])
+    GlobalHydra.instance().clear()
+    result = run_cli(sys.executable, str(TESTS / "ddp_eval_worker.py"), *map(str, ddp_configs), cwd=root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for family, path in zip(families, ddp_configs):
+        runs[family]["two"] = json.loads((path.parent / "metrics.json").read_text())
+    return runs
+
+
+def _test_batches(run: dict):
+    """The trained task (eval mode) and the test batches of one process, tokenized with the checkpoint's tokenizers."""
+    cfg, checkpoint = run["cfg"], run["checkpoint"]
+    use_checkpoint_tokenizers(cfg.data, torch.load(checkpoint, weights_only=True), checkpoint)
+    datamodule = instantiate(cfg.data, _convert_="all")
+    datamodule.prepare_data()
+    datamodule.setup("test")
+    task = get_class(cfg.task._target_).load_from_checkpoint(checkpoint, weights_only=True).eval()
+    return task, list(datamodule.test_dataloader())
+
+
+def _mean(values: list[torch.Tensor]) -> float:
+    return torch.cat(values).double().mean().item()
+
+
+@torch.no_grad()
+def _sequence_classes(task, batches) -> tuple[dict[str, float], int]:
+    losses, right = [], []
+    for batch in batches:
+        logits = task(batch)
+        losses.append(F.cross_entropy(logits, batch["labels"], reduction="none"))
+        right.append((logits.argmax(-1) == batch["labels"]).float())
+    return {"test/loss": _mean(losses), "test/acc": _mean(right)}, sum(map(len, losses))
+
+
+@torch.no_grad()
+def _word_classes(task, batches) -> tuple[dict[str, float], int]:
+    losses, right = [], []
+    for batch in batches:
+        logits, labels = task(batch), batch["labels"]
+        words = labels != IGNORE_INDEX  # one label per word
+        losses.append(F.cross_entropy(logits[words], labels[words], reduction="none"))
+        right.append((logits[words].argmax(-1) == labels[words]).float())
+    return {"test/loss": _mean(losses), "test/acc": _mean(right)}, sum(len(b["labels"]) for b in batches)
+
+
+@torch.no_grad()
+def _image_classes(task, batches) -> tuple[dict[str, float], int]:
+    losses, right = [], []
+    for images, labels in batches:
+        logits = task(images)
+        losses.append(F.cross_entropy(logits, labels, reduction="none"))
+        right.append((logits.argmax(-1) == labels).float())
+    return {"test/loss": _mean(losses), "test/acc": _mean(right)}, sum(map(len, losses))
+
+
+# family -> overrides that make its test split odd and its batches uneven, and its recompute: (task, batches) ->
+# (expected metrics, the number of samples the ranks share)
+DEFAULT: dict[str, tuple[list[str], Callable]] = {
+    "bert_classify": (["data.test_fraction=0.15", "data.batch_size=4"], _sequence_classes),  # 9 texts
+    "bert_token_classify": (["data.test_fraction=0.15", "data.batch_size=4"], _word_classes),  # 9 sentences
+    "vit": (["data.test_fraction=0.07", "data.batch_size=16"], _image_classes),  # 127 images
+}
+
+
+@pytest.fixture(scope="module")
+def default_runs(tmp_path_factory, cache_dir) -> dict[str, dict]:
+    families = {family: extra for family, (extra, _) in DEFAULT.items()}
+    return _evaluations(families, tmp_path_factory.mktemp("ddp_metrics"), cache_dir)
+
+
+def _assert_agree(run: dict, recompute: Callable) -> None:
+    one, two = run["one"], run["two"]
+    tested = sorted(k for k in one if k.startswith("test/"))
+    assert tested and sorted(k for k in two if k.startswith("test/")) == tested
+    for key in tested:
+        assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
+    expected, n_samples = recompute(*_test_batches(run))
+    assert n_samples % 2 == 1  # unequal shares of 2 ranks
+    for key, value in expected.items():
+        assert one[key] == pytest.approx(value, rel=1e-5), key
+
+
+@pytest.mark.cli
+@pytest.mark.ddp
+@pytest.mark.parametrize("family", list(DEFAULT))
+def test_two_ranks_log_the_one_process_means_of_every_sample(default_runs, family):
+    _assert_agree(default_runs[family], DEFAULT[family][1])
