@@ -10,6 +10,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -31,18 +32,20 @@ FIT = ["trainer.max_steps=1", "trainer.limit_val_batches=0", "test=false", "samp
 EVALUATE = ["train=false", "trainer.limit_test_batches=1.0", "sample=null"]
 
 
-def _evaluations(families: dict[str, list[str]], root: Path, cache_dir: Path) -> dict[str, dict]:
-    """Per family (its tiny experiment of test_precision, plus ``families[family]``): one training step saved as
+def _evaluations(cases: dict[str, Case], root: Path, cache_dir: Path) -> dict[str, dict]:
+    """Per family (its tiny experiment of test_precision, plus its case's overrides): one training step saved as
     last.ckpt, then its test in this process ("one") and, every family in one launch, on 2 DDP ranks ("two")."""
     runs, ddp_configs = {}, []
-    for family, extra in families.items():
+    for family, case in cases.items():
         data = root / family / "data"
         data.mkdir(parents=True)
-        overrides = [*FAMILIES[family](data), *extra]
+        overrides = [*FAMILIES[family](data), *case.overrides]
         train(compose_train_cfg(*overrides, *FIT, output_dir=root / family / "fit", cache_dir=cache_dir))
         checkpoint = root / family / "fit" / "checkpoints" / "last.ckpt"
         evaluate = [*overrides, *EVALUATE, f"ckpt_path={checkpoint}"]
-        one = compose_train_cfg(*evaluate, output_dir=root / family / "one", cache_dir=cache_dir)
+        one = compose_train_cfg(
+            *evaluate, *case.one_process, output_dir=root / family / "one", cache_dir=cache_dir
+        )
         runs[family] = {"cfg": one, "checkpoint": checkpoint, "one": train(one).metrics}
         two = compose_train_cfg(
             *evaluate, "trainer=ddp_cpu", output_dir=root / family / "two", cache_dir=cache_dir
@@ -53,7 +56,7 @@ def _evaluations(families: dict[str, list[str]], root: Path, cache_dir: Path) ->
     GlobalHydra.instance().clear()
     result = run_cli(sys.executable, str(TESTS / "ddp_eval_worker.py"), *map(str, ddp_configs), cwd=root)
     assert result.returncode == 0, result.stderr[-3000:]
-    for family, path in zip(families, ddp_configs):
+    for family, path in zip(cases, ddp_configs):
         runs[family]["two"] = json.loads((path.parent / "metrics.json").read_text())
     return runs
 
@@ -104,29 +107,98 @@ def _image_classes(task, batches) -> tuple[dict[str, float], int]:
     return {"test/loss": _mean(losses), "test/acc": _mean(right)}, sum(map(len, losses))
 
 
-# family -> overrides that make its test split odd and its batches uneven, and its recompute: (task, batches) ->
-# (expected metrics, the number of samples the ranks share)
-DEFAULT: dict[str, tuple[list[str], Callable]] = {
-    "bert_classify": (["data.test_fraction=0.15", "data.batch_size=4"], _sequence_classes),  # 9 texts
-    "bert_token_classify": (["data.test_fraction=0.15", "data.batch_size=4"], _word_classes),  # 9 sentences
-    "vit": (["data.test_fraction=0.07", "data.batch_size=16"], _image_classes),  # 127 images
+@torch.no_grad()
+def _next_tokens(task, batches) -> tuple[dict[str, float], int]:
+    losses = []
+    for batch in batches:
+        logits = task.model(batch["input_ids"], batch.get("position_ids"), batch.get("attention_mask"))
+        targets = batch["labels"] != IGNORE_INDEX  # completions only, for SFT
+        losses.append(F.cross_entropy(logits[targets], batch["labels"][targets], reduction="none"))
+    loss = _mean(losses)
+    return {"test/loss": loss, "test/ppl": torch.tensor(loss).exp().item()}, sum(
+        len(b["labels"]) for b in batches
+    )
+
+
+@torch.no_grad()
+def _preferences(task, batches) -> tuple[dict[str, float], int]:
+    chosen, rejected = zip(
+        *(task.model.score(b["pair_ids"], b["pair_mask"]).double().chunk(2) for b in batches)
+    )
+    chosen, rejected = torch.cat(chosen), torch.cat(rejected)
+    rewards = torch.cat([chosen, rejected])
+    expected = {
+        "test/loss": -F.logsigmoid(chosen - rejected).mean(),  # Bradley-Terry, no margin
+        "test/accuracy": (chosen > rejected).double().mean(),
+        "test/margin": (chosen - rejected).mean(),
+        "test/reward_mean": rewards.mean(),
+        "test/reward_std": rewards.std(correction=0),
+    }
+    return {key: value.item() for key, value in expected.items()}, len(chosen)
+
+
+@torch.no_grad()
+def _contrastive(task, batches) -> tuple[dict[str, float], int]:
+    """One process's batches hold the rows of both ranks' batches: the same contrastive sets."""
+    losses = []
+    for batch in batches:
+        image_features, text_features = task(batch["image"], batch["input_ids"])
+        logits = task.model.logit_scale.exp() * image_features @ text_features.T  # (B, B): image i, text j
+        pairs = torch.arange(len(logits))
+        losses.append(
+            (F.cross_entropy(logits, pairs, reduction="none") + F.cross_entropy(logits.T, pairs)) / 2
+        )
+    return {"test/loss": _mean(losses)}, sum(map(len, losses))
+
+
+class Case(NamedTuple):
+    overrides: list[str]  # of both runs: an odd test split, batches that do not divide it
+    recompute: Callable | None  # (task, test batches) -> (expected metrics, samples the ranks share)
+    one_process: tuple[str, ...] = ()  # of the one-process run only
+
+
+DEFAULT = {
+    "bert_classify": Case(["data.test_fraction=0.15", "data.batch_size=4"], _sequence_classes),  # 9 texts
+    "bert_token_classify": Case(
+        ["data.test_fraction=0.15", "data.batch_size=4"], _word_classes
+    ),  # 9 sentences
+    "vit": Case(["data.test_fraction=0.07", "data.batch_size=16"], _image_classes),  # 127 images
+}
+ODD_PROMPTS = "data.test_fraction=0.075"  # 9 of data.n_examples=120
+SLOW = {
+    "gpt_pretrain": Case([], _next_tokens),  # 609 windows
+    "gpt_sft": Case([ODD_PROMPTS], _next_tokens),
+    "gpt_reward": Case([ODD_PROMPTS], _preferences),
+    "gpt_dpo": Case([ODD_PROMPTS], None),
+    "gpt_ppo": Case([ODD_PROMPTS], None),
+    # CLIP's eval keeps DistributedSampler's padding (its loss gathers every batch), so its split is even (270):
+    # each rank's batch of 4 meets the other's, as in one process's batch of 8, and the last batch is ragged
+    "clip": Case(
+        ["data.test_fraction=0.15", "data.batch_size=4"], _contrastive, one_process=("data.batch_size=8",)
+    ),
 }
 
 
 @pytest.fixture(scope="module")
 def default_runs(tmp_path_factory, cache_dir) -> dict[str, dict]:
-    families = {family: extra for family, (extra, _) in DEFAULT.items()}
-    return _evaluations(families, tmp_path_factory.mktemp("ddp_metrics"), cache_dir)
+    return _evaluations(DEFAULT, tmp_path_factory.mktemp("ddp_metrics"), cache_dir)
 
 
-def _assert_agree(run: dict, recompute: Callable) -> None:
+@pytest.fixture(scope="module")
+def slow_runs(tmp_path_factory, cache_dir) -> dict[str, dict]:
+    return _evaluations(SLOW, tmp_path_factory.mktemp("ddp_metrics_slow"), cache_dir)
+
+
+def _assert_agree(run: dict, case: Case) -> None:
     one, two = run["one"], run["two"]
     tested = sorted(k for k in one if k.startswith("test/"))
     assert tested and sorted(k for k in two if k.startswith("test/")) == tested
     for key in tested:
         assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
-    expected, n_samples = recompute(*_test_batches(run))
-    assert n_samples % 2 == 1  # unequal shares of 2 ranks
+    if case.recompute is None:
+        return
+    expected, n_samples = case.recompute(*_test_batches(run))
+    assert n_samples % 2 == (0 if case.one_process else 1)  # unequal shares of 2 ranks (CLIP: see SLOW)
     for key, value in expected.items():
         assert one[key] == pytest.approx(value, rel=1e-5), key
 
@@ -135,4 +207,12 @@ def _assert_agree(run: dict, recompute: Callable) -> None:
 @pytest.mark.ddp
 @pytest.mark.parametrize("family", list(DEFAULT))
 def test_two_ranks_log_the_one_process_means_of_every_sample(default_runs, family):
-    _assert_agree(default_runs[family], DEFAULT[family][1])
+    _assert_agree(default_runs[family], DEFAULT[family])
+
+
+@pytest.mark.slow  # one launch of 2 processes evaluating 6 families, after 12 runs in this process
+@pytest.mark.cli
+@pytest.mark.ddp
+@pytest.mark.parametrize("family", list(SLOW))
+def test_two_ranks_log_the_one_process_means_of_every_sample_in_the_gpt_and_clip_families(slow_runs, family):
+    _assert_agree(slow_runs[family], SLOW[family])

@@ -77,10 +77,11 @@ class DPOTask(PolicyEvaluation, Task):
         losses, chosen, rejected = dpo_loss(
             policy_chosen, policy_rejected, ref_chosen, ref_rejected, h.beta, h.label_smoothing
         )
+        chosen_tokens = batch["response_mask"][: len(policy_chosen), 1:].sum()
+        chosen_nll = -policy_chosen.sum() / chosen_tokens  # per token
         loss = losses.mean()
-        if h.rpo_alpha:  # RPO: + alpha * NLL of the chosen responses, per token
-            chosen_tokens = batch["response_mask"][: len(policy_chosen), 1:].sum()
-            loss = loss - h.rpo_alpha * policy_chosen.sum() / chosen_tokens
+        if h.rpo_alpha:  # RPO: + alpha * NLL of the chosen responses
+            loss = loss + h.rpo_alpha * chosen_nll
         per_pair = {
             "rewards/chosen": chosen,
             "rewards/rejected": rejected,
@@ -92,11 +93,30 @@ class DPOTask(PolicyEvaluation, Task):
             for key, value in per_pair.items():
                 self.log(key, value.mean(), on_step=True, on_epoch=False)
             return loss
-        # each pair counts once (RPO's term, a mean over the batch's chosen tokens, weighs by its pairs)
-        self.log_mean(f"{stage}/loss", loss, len(losses), prog_bar=True)
+        # the loss over the split is made at epoch end, from each pair's DPO loss and every chosen token's NLL
+        self.eval_mean(f"{stage}/dpo_loss").update(losses)
+        self.eval_mean(f"{stage}/chosen_nll").update(chosen_nll, chosen_tokens)
         for key, value in per_pair.items():
             self.log_mean(f"{stage}/{key}", value)
         return loss
+
+    def _log_loss(self, stage: str) -> None:
+        """``<stage>/loss`` as training defines it, over the whole split: the mean DPO loss of its pairs, plus
+        (RPO) alpha times the mean NLL of all their chosen tokens."""
+        dpo, nll = self.eval_mean(f"{stage}/dpo_loss"), self.eval_mean(f"{stage}/chosen_nll")
+        if dpo.update_count:
+            loss = dpo.compute()
+            if self.hparams.rpo_alpha:
+                loss = loss + self.hparams.rpo_alpha * nll.compute()
+            self.log(f"{stage}/loss", loss, prog_bar=True)
+        dpo.reset()
+        nll.reset()
+
+    def on_validation_epoch_end(self):
+        self._log_loss("val")
+
+    def on_test_epoch_end(self):
+        self._log_loss("test")
 
     def training_step(self, batch, batch_idx):
         return self._step(batch, "train")
