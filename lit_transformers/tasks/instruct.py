@@ -77,8 +77,8 @@ def decode_responses(tokenizer: Tokenizer, responses: torch.Tensor, mask: torch.
 def log_judged(task, batch, stage: str, batch_idx: int, texts: list[str], values: dict, prog_bar=()) -> None:
     """The evaluation of a stage's generated ``texts`` for ``batch``: the judge's verdicts against the batch's
     answers (``judge_exact``, ``judge_score``) join ``values``; each (one per response) is logged as
-    ``<stage>/<key>``, its mean over every prompt of the split (``Task.log_mean``); the first batch of each evaluation shows up to 8 prompts with their
-    responses, answers and scores as a table."""
+    ``<stage>/<key>``, its mean over every prompt of the split (``Task.log_mean``); the first batch of each
+    evaluation shows up to 8 prompts with their responses, answers and scores as a table."""
     answers = batch.get("answers")
     if answers is not None:
         verdicts = [judge(text, answer) for text, answer in zip(texts, answers)]
