@@ -146,6 +146,30 @@ def _preferences(task, batches) -> tuple[dict[str, float], int]:
 
 
 @torch.no_grad()
+def _policy_preferences(task, batches) -> tuple[dict[str, float], int]:
+    """DPO's implicit rewards against the frozen reference, and RPO's NLL over every chosen token of the split."""
+    beta, alpha = task.hparams.beta, task.hparams.rpo_alpha or 0.0
+    chosen, rejected, nll, tokens = [], [], 0.0, 0
+    for b in batches:
+        (policy_chosen, policy_rejected), (ref_chosen, ref_rejected) = (
+            task._sequence_logprobs(model, b) for model in (task.policy, task.reference)
+        )  # summed response log-probs (B,) of each
+        chosen.append(beta * (policy_chosen - ref_chosen).double())
+        rejected.append(beta * (policy_rejected - ref_rejected).double())
+        nll -= policy_chosen.double().sum()
+        tokens += b["response_mask"][: len(policy_chosen), 1:].sum()
+    chosen, rejected = torch.cat(chosen), torch.cat(rejected)
+    expected = {
+        "test/loss": -F.logsigmoid(chosen - rejected).mean() + alpha * nll / tokens,  # no label smoothing
+        "test/rewards/chosen": chosen.mean(),
+        "test/rewards/rejected": rejected.mean(),
+        "test/rewards/accuracies": (chosen > rejected).double().mean(),
+        "test/rewards/margins": (chosen - rejected).mean(),
+    }
+    return {key: value.item() for key, value in expected.items()}, len(chosen)
+
+
+@torch.no_grad()
 def _contrastive(task, batches) -> tuple[dict[str, float], int]:
     """One process's batches hold the rows of both ranks' batches: the same contrastive sets."""
     losses = []
@@ -177,7 +201,7 @@ SLOW = {
     "gpt_pretrain": Case([], _next_tokens),  # 609 windows
     "gpt_sft": Case([ODD_PROMPTS], _next_tokens),
     "gpt_reward": Case([ODD_PROMPTS], _preferences),
-    "gpt_dpo": Case([ODD_PROMPTS], None),
+    "gpt_dpo": Case([ODD_PROMPTS], _policy_preferences),  # the experiment adds RPO
     "gpt_ppo": Case([ODD_PROMPTS], None),
     "translation": Case([], _translations),
     # CLIP's loss gathers every batch, so its eval keeps DistributedSampler's padding: a repeat of the first image
