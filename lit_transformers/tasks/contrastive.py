@@ -38,6 +38,7 @@ class ContrastiveTask(Task):
         super().__init__(**task_args)
         self.loss = ClipLoss(local_loss, gather_with_grad)
         self._eval: dict[str, list[torch.Tensor]] = {}
+        self._seen: dict[str, set[int]] = {}  # per stage: the image indices evaluated so far (_first_seen)
         self._similarity: torch.Tensor | None = None
 
     def build_model(self) -> CLIP:
@@ -48,7 +49,9 @@ class ContrastiveTask(Task):
     def forward(self, images: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model(images, input_ids)
 
-    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _loss(
+        self, batch: dict, valid: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         image_features, text_features = self.model(batch["image"], batch["input_ids"])  # (B, E) each
         world = self.trainer.world_size if self._trainer is not None else 1
         loss = self.loss(
@@ -58,6 +61,7 @@ class ContrastiveTask(Task):
             self.all_gather,
             self.global_rank,
             world,
+            valid,
         )
         return loss, image_features, text_features
 
@@ -72,9 +76,26 @@ class ContrastiveTask(Task):
         with torch.no_grad():  # temperature between 1/100 and 1, as open_clip clamps it
             self.model.logit_scale.clamp_(0, self.hparams.max_logit_scale)
 
+    def _first_seen(self, image_index: torch.Tensor, stage: str) -> torch.Tensor | None:
+        """(B,) bool: which rows of this rank's batch hold images no rank has evaluated before in this
+        evaluation; None in one process. Under DDP, Lightning's DistributedSampler repeats a few images at the end
+        so that every rank runs as many batches; the repeats must not count twice."""
+        if self._trainer is None or self.trainer.world_size == 1:
+            return None
+        every_rank = self.all_gather(image_index)  # (W, B)
+        seen = self._seen.setdefault(stage, set())
+        first = []
+        for index in every_rank.flatten().tolist():
+            first.append(index not in seen)
+            seen.add(index)
+        return torch.tensor(first, device=self.device).view(every_rank.shape)[self.global_rank]
+
     def _eval_step(self, batch, batch_idx: int, stage: str) -> None:
-        loss, image_features, text_features = self._loss(batch)
-        self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=stage == "val", sync_dist=True)
+        valid = self._first_seen(batch["image_index"], stage)
+        loss, image_features, text_features = self._loss(batch, valid)
+        # the mean over this rank's rows (local_loss) or over all (then equal on every rank): weighted by its rows
+        rows = batch["image"].size(0) if valid is None else valid.sum()
+        self.log_mean(f"{stage}/loss", loss, rows, prog_bar=stage == "val")
         store = self._eval.setdefault(stage, [])
         index_label = torch.stack([batch["image_index"], batch["label"]], dim=1).float()  # (B, 2)
         store.append(torch.cat([image_features.float(), index_label], dim=1))  # gathered as one tensor
@@ -106,6 +127,7 @@ class ContrastiveTask(Task):
     def _evaluate(self, stage: str) -> None:
         """Zero-shot accuracy (digits: class names x prompt templates) and retrieval recall@k in both
         directions, over the whole split: image features are gathered from every rank and de-duplicated."""
+        self._seen.pop(stage, None)
         rows = (
             self.all_gather(torch.cat(self._eval.pop(stage))).flatten(0, -2) if stage in self._eval else None
         )

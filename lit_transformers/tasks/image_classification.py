@@ -91,12 +91,8 @@ class ImageClassificationTask(Task):
         images, labels = batch
         logits = self.model(images)
         stage = metrics.prefix.rstrip("/")
-        self.log(
-            f"{stage}/loss",
-            F.cross_entropy(logits.float(), labels),
-            on_epoch=True,
-            prog_bar=True,
-            sync_dist=True,
+        self.log_mean(
+            f"{stage}/loss", F.cross_entropy(logits.float(), labels, reduction="none"), prog_bar=True
         )
         metrics(logits, labels)
         self.log_dict(metrics, on_epoch=True, prog_bar=stage == "val")

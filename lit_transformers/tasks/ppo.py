@@ -31,7 +31,7 @@ from lit_transformers.nn.rlhf import (
     per_token_rewards,
 )
 from lit_transformers.tasks.base import Task
-from lit_transformers.tasks.instruct import PolicyEvaluation, eval_metrics, response_logprobs, rollout
+from lit_transformers.tasks.instruct import PolicyEvaluation, response_logprobs, rollout
 from lit_transformers.tasks.reward import gpt_or_scalar
 from lit_transformers.tasks.specs import config_spec
 
@@ -83,7 +83,6 @@ class PPOTask(PolicyEvaluation, Task):
             raise ValueError(f"task.temperature={temperature}: PPO samples, so it needs a temperature > 0")
         super().__init__(**task_args)
         self.automatic_optimization = False
-        self.eval_metrics = eval_metrics(self.EVAL_KEYS)
         self.kl_ctl = AdaptiveKLController(kl_coef, **adaptive_kl) if adaptive_kl else None
         self.kl_coef = kl_coef
 

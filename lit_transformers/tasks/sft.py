@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lit_transformers.models import GPTConfig
 from lit_transformers.tasks.causal_lm import CausalLMTask
-from lit_transformers.tasks.instruct import decode_responses, eval_metrics, log_judged, rollout
+from lit_transformers.tasks.instruct import decode_responses, log_judged, rollout
 
 
 class SFTTask(CausalLMTask):
@@ -20,7 +20,6 @@ class SFTTask(CausalLMTask):
 
     def __init__(self, model: dict | GPTConfig, max_new_tokens: int = 16, **task_args):
         super().__init__(model, **task_args)
-        self.eval_metrics = eval_metrics(("judge_exact", "judge_score"))
 
     def _judge(self, batch, stage: str, batch_idx: int) -> None:
         if batch.get("answers") is None:

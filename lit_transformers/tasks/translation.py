@@ -7,7 +7,6 @@ import dataclasses
 import logging
 
 import torch
-from torchmetrics import MeanMetric
 
 from lit_transformers.contract import ParallelText
 from lit_transformers.models import Seq2SeqConfig, Seq2SeqTransformer
@@ -58,7 +57,6 @@ class TranslationTask(Task):
         model = config_spec(model)  # before the base records the arguments as hyperparameters
         super().__init__(**task_args)
         self.source_tokenizer = Tokenizer.from_state(source_tokenizer) if source_tokenizer else None
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.scores = torch.nn.ModuleDict(
             {
                 f"{stage}_{kind}": CorpusScore(kind)
@@ -154,10 +152,9 @@ class TranslationTask(Task):
         self.scores[f"{stage}_bleu"].update(hypotheses, references)
         self.scores[f"{stage}_chrf"].update(hypotheses, references)
 
-    def _eval_step(self, batch: dict, stage: str, mean: MeanMetric, beam_size: int) -> None:
+    def _eval_step(self, batch: dict, stage: str, beam_size: int) -> None:
         total, count = self._step(batch, 0.0)
-        mean.update(token_mean(total, count), weight=count)
-        self.log(f"{stage}/loss", mean, on_epoch=True, prog_bar=stage == "val")
+        self.log_mean(f"{stage}/loss", token_mean(total, count), count, prog_bar=stage == "val")
         references = batch["tgt_text"]
         self._score(stage, self.translate(batch["src_ids"], batch["src_valid"], beam_size), references)
         if stage == "test":
@@ -168,10 +165,10 @@ class TranslationTask(Task):
             self._score("test_identity", batch["src_text"], references)
 
     def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, "val", self.val_loss, self.hparams.val_beam_size)
+        self._eval_step(batch, "val", self.hparams.val_beam_size)
 
     def test_step(self, batch, batch_idx):
-        self._eval_step(batch, "test", self.test_loss, self.hparams.test_beam_size)
+        self._eval_step(batch, "test", self.hparams.test_beam_size)
 
     def _log_scores(self, stage: str) -> None:
         loss = self.trainer.callback_metrics.get(f"{stage}/loss")
