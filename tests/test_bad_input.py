@@ -36,6 +36,8 @@ from lit_transformers.utils.errors import report_user_errors
 from conftest import TINY_LM, TINY_TRAINER, assert_user_error, train_cli
 from image_helpers import write_image_folder
 from test_bert_classify import write_locale
+from test_instructgpt import TINY as TINY_INSTRUCT
+from test_instructgpt import TINY_DATA
 
 FRENCH = "Le café est très bon.\n\nÀ la maison, nous mangeons des crêpes.\n\nThe next paragraph is English.\n"
 
@@ -330,3 +332,26 @@ def test_unloadable_files_a_full_disk_and_torchrun_without_a_job_id_end_in_one_p
         assert needle in message[0], (needle, message[0])
     assert "weights_only=False" not in message[0]  # torch's advice, which would run the file's code
     assert not list(tmp_path.glob("**/*.partial")) and not list(tmp_path.glob("checkpoints/*.ckpt"))
+
+
+@pytest.mark.parametrize(
+    "overrides,key,context",
+    [
+        (
+            ["experiment=bert_classify", "model=bert_tiny", "data.max_seq_len=200"],
+            "data.max_seq_len",
+            "max_position",
+        ),
+        (
+            ["experiment=gpt_sft", *TINY_INSTRUCT, *TINY_DATA, "data.max_length=64"],
+            "data.max_length",
+            "block_size",
+        ),
+        ([*TINY_LM, "data.block_size=48"], "data.block_size", "block_size"),
+    ],
+)
+def test_data_longer_than_the_models_context_is_refused_before_training(overrides, key, context, compose_cfg):
+    """A sequence bound above the model's context would crash at the first batch that reaches it, after steps
+    and with no checkpoint; the run refuses it up front, naming both keys."""
+    cfg = compose_cfg(*overrides, "trainer.max_steps=2")
+    assert_user_error(lambda: train(cfg), f"{key}=", f"model.{context}=", f"raise model.{context}")

@@ -203,6 +203,7 @@ def collate(items: list[dict], format: str, pad_id: int, packing: bool = False, 
 
 
 class InstructionDataModule(TextDataModule):
+    length_key = "max_length"
     tokenizer_independent = TextDataModule.tokenizer_independent | {
         "max_prompt_length",
         "max_length",

@@ -88,6 +88,9 @@ class Task(L.LightningModule):
     data_needs: tuple[type, ...] = ()  # protocols of lit_transformers.contract the datamodule must satisfy
     # a task meant to start from a parent checkpoint: what to pass, named by the warning when init_from is unset
     init_from_hint: str | None = None
+    # the field of the first model's config that bounds its input length (GPT's block_size, BERT's max_position):
+    # checked against the data's longest sequence before training, not at the first batch that exceeds it
+    context_field: str | None = None
 
     def __init__(
         self,
@@ -193,6 +196,7 @@ class Task(L.LightningModule):
             setattr(self, name, module)
         self.model_names = list(models)
         self._built = True
+        self._check_context(models[self.model_names[0]])
         if self.hparams.init_from:
             self._load_init_from(self.hparams.init_from)
             # the weights now live in this task's own checkpoints; reloading them must not need the parent file
@@ -202,6 +206,18 @@ class Task(L.LightningModule):
         if self.hparams.compile:
             for name in self.trainable_models():
                 getattr(self, name).compile()  # in place: state-dict names stay free of "_orig_mod."
+
+    def _check_context(self, model: nn.Module) -> None:
+        longest = getattr(self.data, "longest_sequence", None)
+        if self.context_field is None or longest is None:
+            return
+        key, length = longest
+        context = getattr(model.config, self.context_field)
+        if length > context:
+            raise ValueError(
+                f"{key}={length} is longer than the model's context, model.{self.context_field}={context}, and a "
+                f"batch that long would fail mid-training; lower {key} or raise model.{self.context_field}"
+            )
 
     def trainable_models(self) -> list[str]:
         return [name for name in self.model_names if name not in self.frozen]

@@ -19,6 +19,7 @@ class CausalLMTask(Task):
     in :class:`Task`."""
 
     data_needs = (TokenizedText,)
+    context_field = "block_size"
 
     def __init__(self, model: dict | GPTConfig, init_from_hf: str | None = None, **task_args):
         if init_from_hf:  # the architecture is the checkpoint's: recorded now, so a resumed run matches it

@@ -31,6 +31,7 @@ class DPOTask(PolicyEvaluation, Task):
 
     frozen = ("reference",)
     data_needs = (TokenizedText,)
+    context_field = "block_size"
     init_from_hint = "pass the SFT checkpoint"
 
     def __init__(

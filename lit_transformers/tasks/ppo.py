@@ -54,6 +54,7 @@ class PPOTask(PolicyEvaluation, Task):
 
     frozen = ("reference", "reward")
     data_needs = (TokenizedText,)
+    context_field = "block_size"
     init_from_hint = "pass init_from={policy: <sft.ckpt>, reward: <reward.ckpt>}"
 
     def __init__(

@@ -29,6 +29,7 @@ class RewardTask(Task):
 
     new_heads = ("model.head",)
     data_needs = (TokenizedText,)
+    context_field = "block_size"
     init_from_hint = "pass the SFT checkpoint"
 
     def __init__(
