@@ -108,6 +108,17 @@ class CLIP(nn.Module):
         return to_hf(self, save_dir)
 
 
+def uninitialised(cls: type[CLIP], config: CLIPConfig) -> CLIP:
+    """``cls(config)`` with its tensors allocated but not initialised, for a converter that loads every one of
+    them next (a ViT-L/14's random initialisation takes longer than loading it). CLIP holds no buffers, which
+    a converter's state dict would not set."""
+    with torch.device("meta"):
+        model = cls(config)
+    if next(model.buffers(), None) is not None:
+        raise RuntimeError("uninitialised() cannot leave buffers unset: build this model with cls(config)")
+    return model.to_empty(device="cpu")
+
+
 def _text_block(c: CLIPConfig) -> nn.Module:
     quick = c.text_activation == "quick_gelu"
     block = DecoderBlock(

@@ -13,7 +13,7 @@ from pathlib import Path
 from torch import nn
 
 from lit_transformers.models import hf_convert
-from lit_transformers.models.clip import CLIP, CLIPConfig, clip_vit
+from lit_transformers.models.clip import CLIP, CLIPConfig, clip_vit, uninitialised
 from lit_transformers.models.hf_convert import NameMap, Weight, affine, repeat
 
 FAMILY = "CLIP"
@@ -182,7 +182,7 @@ def hf_config(model: CLIP):
 def from_hf(cls: type[CLIP], path_or_model) -> CLIP:
     """``cls`` holding a ``CLIPModel`` object's or a local CLIP directory's weights."""
     hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY)
-    model = cls(config_from_hf(hf))
+    model = uninitialised(cls, config_from_hf(hf))
     hf_convert.load_from_hf(model, hf_state, name_map(model))
     return model
 

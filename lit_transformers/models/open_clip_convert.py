@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from lit_transformers.models import hf_convert
-from lit_transformers.models.clip import CLIP, CLIPConfig, clip_vit
+from lit_transformers.models.clip import CLIP, CLIPConfig, clip_vit, uninitialised
 from lit_transformers.models.hf_convert import NameMap, Weight, affine, repeat
 
 FAMILY = "open_clip"
@@ -163,7 +163,7 @@ def _state_dict(model_or_state_dict) -> dict[str, torch.Tensor]:
 def from_open_clip(cls: type[CLIP], model_or_state_dict, name: str | dict) -> CLIP:
     """``cls`` holding an open_clip ViT CLIP's weights (see :meth:`CLIP.from_open_clip`)."""
     state = _state_dict(model_or_state_dict)
-    model = cls(config_from_open_clip(_open_clip_config(name)))
+    model = uninitialised(cls, config_from_open_clip(_open_clip_config(name)))
     bias = state.pop("logit_bias", None)
     if bias is not None and bool(bias.any()):
         raise ValueError(

@@ -28,6 +28,7 @@ class HubTokenizerFiles:
     chat_template: str | None = None
     stop_ids: list[int] = field(default_factory=list)  # generation_config.json's eos_token_id
     do_lower_case: bool = True  # a vocab.txt's BERT normalisation (BERT's default: uncased)
+    tokenizer_class: str | None = None  # transformers' class (CLIPTokenizer's texts start with BOS)
 
     def special_tokens(
         self, backend: HFTokenizer, given: Mapping[str, str] | None, guessed: Mapping[str, str]
@@ -99,6 +100,7 @@ def read_hub_files(directory: Path) -> HubTokenizerFiles:
         chat_template=template or _default_template(config.get("chat_template")),
         stop_ids=[] if stop is None else [stop] if isinstance(stop, int) else list(stop),
         do_lower_case=bool(config.get("do_lower_case", True)),
+        tokenizer_class=config.get("tokenizer_class"),
     )
 
 
