@@ -1,7 +1,7 @@
 """CLIP from published weights, on random ones (no download): open_clip's ViT CLIPs and transformers'
 CLIPModel give the same image features, text features, logits and zero-shot predictions after conversion;
 to_hf loads back in transformers; CLIP's Hub tokenizer gives transformers' ids; what our CLIP cannot compute
-is refused by name."""
+is refused by name. And a timm ViT from a local checkpoint file, through the config keys."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ import gzip
 
 import open_clip
 import pytest
+import safetensors.torch
+import timm
 import torch
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
 from open_clip.zero_shot_classifier import build_zero_shot_classifier
 
-from lit_transformers.models import CLIP
+from lit_transformers.models import CLIP, create_backbone
 from lit_transformers.tasks.evaluation import zero_shot_classifier
 from lit_transformers.text import Tokenizer, eos_terminated
 
@@ -222,3 +226,35 @@ def test_a_siglip_logit_bias_is_refused_unless_zero():
     with pytest.raises(ValueError, match="logit_bias"):
         CLIP.from_open_clip({**state, "logit_bias": torch.tensor([-10.0])}, SMALL)
     CLIP.from_open_clip({**state, "logit_bias": torch.zeros(1)}, SMALL)  # adds nothing to the logits
+
+
+def _vit_backbone(tmp_path, *overrides: str) -> dict:
+    """experiment=vit's model.backbone (the digits ViT), composed as train.py does, resolved."""
+    with initialize_config_module("lit_transformers.conf", version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=vit", f"paths.output_dir={tmp_path}", *overrides])
+    return OmegaConf.to_container(cfg.model.backbone, resolve=True)
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_a_timm_checkpoint_file_loads_offline_through_the_config_keys(tmp_path, suffix, monkeypatch, caplog):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    backbone = _vit_backbone(tmp_path)
+    sizes = {k: v for k, v in backbone.items() if v is not None and k not in ("name", "pretrained")}
+    reference = _perturbed(lambda: timm.create_model(backbone["name"], num_classes=10, **sizes))
+    path = tmp_path / f"vit{suffix}"
+    if suffix == ".safetensors":
+        safetensors.torch.save_file(reference.state_dict(), path)
+    else:
+        torch.save({"state_dict": reference.state_dict()}, path)  # a training checkpoint's layout
+    keys = ["model.backbone.pretrained=true", f"model.backbone.pretrained_file={path}"]
+    images = torch.randn(4, 1, 8, 8)
+    with torch.no_grad():
+        loaded = create_backbone(**_vit_backbone(tmp_path, *keys), num_classes=10).eval()
+        torch.testing.assert_close(loaded(images), reference(images), atol=0, rtol=0)
+        new_head = create_backbone(**_vit_backbone(tmp_path, *keys), num_classes=3).eval()
+        torch.testing.assert_close(
+            new_head.forward_head(new_head.forward_features(images), pre_logits=True),
+            reference.forward_head(reference.forward_features(images), pre_logits=True),
+        )
+    assert new_head.head.weight.shape[0] == 3
+    assert "10-class classifier; the model's 3-class head is new" in caplog.text
