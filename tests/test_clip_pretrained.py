@@ -6,6 +6,8 @@ is refused by name. And a timm ViT from a local checkpoint file, through the con
 from __future__ import annotations
 
 import gzip
+import json
+from types import SimpleNamespace
 
 import open_clip
 import pytest
@@ -17,8 +19,11 @@ from omegaconf import OmegaConf
 from open_clip.zero_shot_classifier import build_zero_shot_classifier
 
 from lit_transformers.models import CLIP, create_backbone
+from lit_transformers.tasks import ContrastiveTask
 from lit_transformers.tasks.evaluation import zero_shot_classifier
 from lit_transformers.text import Tokenizer, eos_terminated
+
+from image_helpers import run_experiment
 
 transformers = pytest.importorskip("transformers")
 
@@ -258,3 +263,55 @@ def test_a_timm_checkpoint_file_loads_offline_through_the_config_keys(tmp_path, 
         )
     assert new_head.head.weight.shape[0] == 3
     assert "10-class classifier; the model's 3-class head is new" in caplog.text
+
+
+def _open_clip_dir(tmp_path, model, config) -> str:
+    """A directory as open_clip's Hub repositories hold a model: open_clip_config.json + safetensors."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": config}))
+    safetensors.torch.save_file(model.state_dict(), tmp_path / "open_clip_model.safetensors")
+    return str(tmp_path)
+
+
+def test_init_from_open_clip_loads_the_weights_and_refuses_a_resnet_clip_with_the_reason(tmp_path):
+    reference = _perturbed(lambda: open_clip.CLIP(**SMALL))
+    task = ContrastiveTask(
+        model={}, init_from_open_clip=_open_clip_dir(tmp_path / "vit", reference, SMALL), optimizer={}
+    )
+    task.configure_model()
+    images, ids = _images(2, 32), _caption_ids(["a cat", "a dog"], 100, 16)
+    with torch.no_grad():
+        for got, want in zip(task.model.eval()(images, ids), reference(images, ids)):
+            torch.testing.assert_close(got, want, **ATOL)
+    assert task.hparams.init_from_open_clip is None and task.hparams.model["text_activation"] == "quick_gelu"
+    resnet = _open_clip_dir(tmp_path / "rn50", *_resnet_clip())
+    with pytest.raises(ValueError, match=r"image tower is a ResNet.*supported: open_clip's ViT CLIPs"):
+        ContrastiveTask(model={}, init_from_open_clip=resnet, optimizer={})
+
+
+def test_a_converted_clip_fine_tunes_on_the_digits_with_its_hub_tokenizer(tmp_path):
+    """task.init_from_hf + data.tokenizer_path: a random HF CLIP for 8x8 grayscale digits, with the CLIP
+    tokenizer above (2514 tokens, EOS last), trains and evaluates zero-shot."""
+    checkpoint = tmp_path / "clip"
+    _clip_tokenizer_dir(checkpoint)
+    text = {"vocab_size": 2514, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    text |= {"num_attention_heads": 2, "max_position_embeddings": 16, "eos_token_id": 2513}
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    vision |= {"image_size": 8, "patch_size": 2, "num_channels": 1}
+    config = transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
+    transformers.CLIPModel(config).save_pretrained(checkpoint)
+    overrides = [
+        f"task.init_from_hf={checkpoint}",
+        f"data.tokenizer_path={checkpoint}",
+        "data.context_length=16",
+    ]
+    metrics = run_experiment(tmp_path / "run", ["experiment=clip", "debug=fdr", *overrides])
+    assert {"test/zeroshot_top1", "test/i2t_recall@1"} <= set(metrics)
+
+
+def test_init_from_hf_refuses_a_run_tokenizer_that_is_not_the_clips(tmp_path):
+    _hf_clip().save_pretrained(tmp_path)  # EOS id 99 of 100 tokens
+    task = ContrastiveTask(model={}, init_from_hf=str(tmp_path), optimizer={})
+    task.data = SimpleNamespace(tokenizer=Tokenizer.train(["a photo of a cat", "a dog"], vocab_size=300))
+    with pytest.raises(ValueError, match=r"EOS id 99 over 100 tokens.*set data\.tokenizer_path"):
+        task.configure_model()

@@ -11,6 +11,7 @@ pooling, LayerScale, ...) is refused by the config field that asks for it.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import torch
@@ -158,6 +159,25 @@ def _state_dict(model_or_state_dict) -> dict[str, torch.Tensor]:
             )
         return load_state_dict(str(path))  # open_clip's reader: a "state_dict" entry, DDP's "module." prefix
     return dict(model_or_state_dict)
+
+
+def read_open_clip_dir(path: str | Path) -> tuple[dict, Path]:
+    """(model config, weights file) of a directory laid out as open_clip's Hub repositories are
+    (``open_clip_config.json`` with its ``model_cfg``, ``open_clip_model.safetensors`` or
+    ``open_clip_pytorch_model.bin``): what ``task.init_from_open_clip`` names."""
+    from open_clip.constants import HF_CONFIG_NAME, HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME
+
+    path = Path(path).expanduser()
+    if not (path / HF_CONFIG_NAME).is_file():
+        raise FileNotFoundError(
+            f"No {HF_CONFIG_NAME} in {path}; init_from_open_clip takes a directory laid out as open_clip's Hub "
+            f"repositories are ({HF_CONFIG_NAME} + {HF_SAFE_WEIGHTS_NAME} or {HF_WEIGHTS_NAME})"
+        )
+    config = json.loads((path / HF_CONFIG_NAME).read_text())["model_cfg"]
+    weights = [path / name for name in (HF_SAFE_WEIGHTS_NAME, HF_WEIGHTS_NAME) if (path / name).is_file()]
+    if not weights:
+        raise FileNotFoundError(f"No {HF_SAFE_WEIGHTS_NAME} or {HF_WEIGHTS_NAME} in {path}")
+    return config, weights[0]
 
 
 def from_open_clip(cls: type[CLIP], model_or_state_dict, name: str | dict) -> CLIP:
