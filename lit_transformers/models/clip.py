@@ -108,6 +108,19 @@ class CLIP(nn.Module):
         return to_hf(self, save_dir)
 
 
+class ZeroShotClassifier(nn.Module):
+    """A CLIP as an image classifier: logits = logit_scale * image features @ class embeddings, one column per
+    class (the normalised mean of its prompts' text embeddings: ``tasks.evaluation.zero_shot_classifier``)."""
+
+    def __init__(self, clip: CLIP, class_embeddings: torch.Tensor):
+        super().__init__()
+        self.clip = clip
+        self.register_buffer("class_embeddings", class_embeddings)  # (embed_dim, n_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.clip.logit_scale.exp() * self.clip.encode_image(images) @ self.class_embeddings  # (B, C)
+
+
 def uninitialised(cls: type[CLIP], config: CLIPConfig) -> CLIP:
     """``cls(config)`` with its tensors allocated but not initialised, for a converter that loads every one of
     them next (a ViT-L/14's random initialisation takes longer than loading it). CLIP holds no buffers, which
