@@ -18,7 +18,8 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 from open_clip.zero_shot_classifier import build_zero_shot_classifier
 
-from lit_transformers.models import CLIP, create_backbone
+from lit_transformers.models import CLIP, CLIPConfig, create_backbone
+from lit_transformers.models.clip import clip_vit
 from lit_transformers.tasks import ContrastiveTask
 from lit_transformers.tasks.evaluation import zero_shot_classifier
 from lit_transformers.tasks.zero_shot import ZeroShotTask
@@ -347,3 +348,24 @@ def test_clip_zero_shot_experiment_scores_an_image_folder(tmp_path):
     overrides += [f"data.root={folder}", "data.img_size=16", "data.num_workers=0", "trainer.accelerator=cpu"]
     metrics = run_experiment(tmp_path / "run", ["experiment=clip_zero_shot", *overrides])
     assert {"test/acc", "test/acc_top3", "test/acc_class/cat", "test/acc_class_min"} <= set(metrics)
+
+
+@pytest.mark.parametrize(
+    ("eos_id", "image", "named"),
+    [
+        (
+            3,
+            {"name": "vit_tiny_patch16_224", "img_size": 8, "patch_size": 4, "in_chans": 1},
+            "CLIP-architecture",
+        ),
+        (2, clip_vit(8, 4, 32, 1, 2, 64, quick_gelu=True, in_chans=1), "eos_token_id is 2"),
+    ],
+)
+def test_to_hf_refuses_what_hf_clip_cannot_compute(eos_id, image, named):
+    """Our digits CLIP's timm ViT (post-norm embedding, LayerNorm eps 1e-6) and an EOS id of 2 (at which HF
+    pools text at the largest id instead) do not export."""
+    model = CLIP(
+        CLIPConfig(image=image, embed_dim=16, vocab_size=64, eos_id=eos_id, context_length=8, text_width=32)
+    )
+    with pytest.raises(ValueError, match=named):
+        model.to_hf()

@@ -112,8 +112,19 @@ def config_from_hf(hf: dict) -> CLIPConfig:
 
 def _image_tower(visual: nn.Module) -> dict:
     """The HF ``vision_config`` of our image tower; refuses a timm model that is not a CLIP-architecture ViT."""
-    from timm.layers import QuickGELU
+    from timm.layers import GELU, QuickGELU
     from timm.models.vision_transformer import VisionTransformer
+
+    def clip_block(
+        block: nn.Module,
+    ) -> bool:  # HF's activations: exact GELU or QuickGELU; no LayerScale, qk-norm
+        exact_gelu = isinstance(block.mlp.act, GELU) or getattr(block.mlp.act, "approximate", None) == "none"
+        return (
+            (exact_gelu or isinstance(block.mlp.act, QuickGELU))
+            and isinstance(block.ls1, nn.Identity)
+            and isinstance(block.attn.q_norm, nn.Identity)
+            and block.attn.qkv.bias is not None
+        )
 
     clip_shaped = (
         isinstance(visual, VisionTransformer)
@@ -124,14 +135,14 @@ def _image_tower(visual: nn.Module) -> dict:
         and visual.global_pool == "token"
         and isinstance(visual.fc_norm, nn.Identity)
         and visual.patch_embed.proj.bias is None
-        and all(
-            isinstance(block.ls1, nn.Identity) and block.attn.qkv.bias is not None for block in visual.blocks
-        )
+        and getattr(visual.norm_pre, "eps", None) == 1e-5
+        and all(clip_block(block) for block in visual.blocks)
     )
     if not clip_shaped:
         raise ValueError(
-            "Only a CLIP-architecture timm ViT image tower (class token, pre-norm, token pooling, no patch bias: "
-            "timm's vit_*_clip_* presets, as from_open_clip/from_hf build) exports to a Hugging Face CLIPModel"
+            "Only a CLIP-architecture timm ViT image tower (class token, pre-norm, LayerNorm eps 1e-5, token pooling, "
+            "no patch bias, GELU or QuickGELU: timm's vit_*_clip_* presets, as from_open_clip/from_hf build) "
+            "exports to a Hugging Face CLIPModel"
         )
     block = visual.blocks[0]
     return {
