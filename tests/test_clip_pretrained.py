@@ -187,7 +187,11 @@ def test_clip_hub_tokenizer_ids_equal_transformers_clip_tokenizer(tmp_path):
         "a very long caption " * 30,  # cut to 77 tokens, still ending in <|endoftext|>
     ]
     expected = hf(captions, padding="max_length", max_length=77, truncation=True)["input_ids"]
-    for tokenizer in (ours, Tokenizer.from_state(ours.state())):  # and as checkpoints store it
+    ours.save_pretrained(tmp_path / "export")
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    assert exported(captions, padding="max_length", max_length=77, truncation=True)["input_ids"] == expected
+    reloaded = (Tokenizer.from_state(ours.state()), Tokenizer.from_file(tmp_path / "export"))
+    for tokenizer in (ours, *reloaded):  # as checkpoints store it, as save_pretrained writes it
         ids = eos_terminated(tokenizer.encode_batch(captions), tokenizer.eos_id, tokenizer.pad_id, 77)
         assert ids.tolist() == expected
 

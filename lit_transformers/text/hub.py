@@ -105,7 +105,11 @@ def read_hub_files(directory: Path) -> HubTokenizerFiles:
 
 
 def write_hub_files(
-    directory: Path, backend: HFTokenizer, special_tokens: Mapping[str, str], chat_template: str | None
+    directory: Path,
+    backend: HFTokenizer,
+    special_tokens: Mapping[str, str],
+    chat_template: str | None,
+    tokenizer_class: str = "PreTrainedTokenizerFast",
 ) -> None:
     """``tokenizer.json`` and a ``tokenizer_config.json`` naming the special tokens by role (ours are
     transformers' roles) and holding the chat template (where every transformers version reads it), so
@@ -113,7 +117,7 @@ def write_hub_files(
     belong to the model's ``generation_config.json``, which its export writes."""
     directory.mkdir(parents=True, exist_ok=True)
     backend.save(str(directory / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    config = {"tokenizer_class": tokenizer_class}  # CLIPTokenizer's texts start with BOS (see read_hub_files)
     config.update({f"{role}_token": token for role, token in special_tokens.items()})
     if chat_template is not None:
         config["chat_template"] = chat_template

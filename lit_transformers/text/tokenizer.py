@@ -272,7 +272,10 @@ class Tokenizer:
 
     def save_pretrained(self, directory: str | Path) -> None:
         """A Hugging Face tokenizer directory (:func:`.hub.write_hub_files`): what a ``to_hf`` export ships."""
-        write_hub_files(Path(directory), self.backend, self.special_tokens, self.chat_template)
+        tokenizer_class = BOS_FIRST[0] if self.add_bos else "PreTrainedTokenizerFast"
+        write_hub_files(
+            Path(directory), self.backend, self.special_tokens, self.chat_template, tokenizer_class
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Tokenizer) and self.state() == other.state()
