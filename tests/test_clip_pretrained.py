@@ -100,6 +100,13 @@ def test_open_clip_small_clip_features_logits_and_zero_shot_predictions_match():
     assert predicted.tolist() == expected.tolist() and len(set(expected.tolist())) > 1
 
 
+def test_an_open_clip_model_objects_quick_gelu_wins_over_its_name():
+    """create_model("ViT-B-32", pretrained="openai") computes QuickGELU though the config of "ViT-B-32" does not
+    say so: the converted model follows the object."""
+    reference = _perturbed(lambda: open_clip.CLIP(**SMALL))  # quick_gelu: true
+    _assert_open_clip_parity(reference, {**SMALL, "quick_gelu": False}, 2, ["a cat", "a dog"])
+
+
 def test_open_clip_vit_b32_features_and_logits_match():
     reference = open_clip.create_model("ViT-B-32", pretrained=None).eval()  # 150M: the small CLIP perturbs
     ours = _assert_open_clip_parity(reference, "ViT-B-32", 2, ["a photo of a cat", "a diagram"])

@@ -182,8 +182,13 @@ def read_open_clip_dir(path: str | Path) -> tuple[dict, Path]:
 
 def from_open_clip(cls: type[CLIP], model_or_state_dict, name: str | dict) -> CLIP:
     """``cls`` holding an open_clip ViT CLIP's weights (see :meth:`CLIP.from_open_clip`)."""
-    state = _state_dict(model_or_state_dict)
-    model = uninitialised(cls, config_from_open_clip(_open_clip_config(name)))
+    state, config = _state_dict(model_or_state_dict), _open_clip_config(name)
+    if isinstance(model_or_state_dict, nn.Module):  # the object knows its activation; the name may not say
+        config = {
+            **config,
+            "quick_gelu": _uses_quick_gelu(model_or_state_dict),
+        }  # create_model(pretrained="openai")
+    model = uninitialised(cls, config_from_open_clip(config))
     bias = state.pop("logit_bias", None)
     if bias is not None and bool(bias.any()):
         raise ValueError(
@@ -192,3 +197,11 @@ def from_open_clip(cls: type[CLIP], model_or_state_dict, name: str | dict) -> CL
         )
     hf_convert.load_from_hf(model, state, name_map(model))
     return model
+
+
+def _uses_quick_gelu(model: nn.Module) -> bool:
+    """Whether an open_clip model computes QuickGELU: OpenAI's weights do, and ``create_model(name,
+    pretrained="openai")`` switches it on whatever the name's config says."""
+    from open_clip.transformer import QuickGELU
+
+    return any(isinstance(module, QuickGELU) for module in model.modules())
