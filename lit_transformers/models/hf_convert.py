@@ -50,6 +50,9 @@ LAYOUTS: dict[str, tuple[Callable, Callable]] = {
     "transposed": (lambda t: t.t().contiguous(), lambda t: t.t().contiguous()),
     # Marian's final_logits_bias is a (1, vocab) row; our logits bias a (vocab,) vector
     "row": (lambda t: t.reshape(-1), lambda t: t[None]),
+    # timm keeps a ViT's class token as (1, 1, W) and its position table as (1, N, W); CLIPs as (W,), (N, W)
+    "token": (lambda t: t.reshape(1, 1, -1), lambda t: t.reshape(-1)),
+    "sequence": (lambda t: t[None], lambda t: t[0]),
 }
 
 
