@@ -129,12 +129,18 @@ class Tokenizer:
         elif kind == "wordpiece":
             if "unk" not in special_tokens:
                 raise ValueError("A WordPiece tokenizer needs an 'unk' special token")
-            backend = HFTokenizer(models.WordPiece(unk_token=special_tokens["unk"]))
-            _bert_pipeline(backend, lowercase)
-            trainer = trainers.WordPieceTrainer(
-                vocab_size=vocab_size, special_tokens=specials, show_progress=False
+            # The trainer numbers the ## pieces in hash-map order and breaks ties between merges by id, so no
+            # two trainings agreed (huggingface/tokenizers#1794). A pass without merges finds the characters and
+            # ## pieces; registered after the specials, each sorted, they get the same ids every time. The
+            # trainer registers them as special tokens: a tokenizer made afresh on its model keeps them ordinary.
+            texts, unk = list(texts), special_tokens["unk"]
+            seen = _train_wordpiece(texts, 0, specials, unk, lowercase).get_vocab().keys() - set(specials)
+            alphabet = sorted(seen, key=lambda token: (len(token), token))  # characters, then ## pieces
+            backend = HFTokenizer(
+                _train_wordpiece(texts, vocab_size, specials + alphabet, unk, lowercase).model
             )
-            backend.train_from_iterator(texts, trainer=trainer)
+            _bert_pipeline(backend, lowercase)
+            backend.add_special_tokens(specials)
         else:
             raise ValueError(f"Unknown tokenizer kind {kind!r}; choose one of {KINDS}")
         return cls(backend, special_tokens)
@@ -306,3 +312,16 @@ def _bert_pipeline(backend: HFTokenizer, lowercase: bool) -> None:
     )
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     backend.decoder = decoders.WordPiece(prefix="##")
+
+
+def _train_wordpiece(
+    texts: list[str], vocab_size: int, special_tokens: list[str], unk: str, lowercase: bool
+) -> HFTokenizer:
+    """A WordPiece trained on ``texts`` with BERT's text handling; ``special_tokens`` take the first ids."""
+    backend = HFTokenizer(models.WordPiece(unk_token=unk))
+    _bert_pipeline(backend, lowercase)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=special_tokens, show_progress=False
+    )
+    backend.train_from_iterator(texts, trainer=trainer)
+    return backend
