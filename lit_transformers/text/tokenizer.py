@@ -32,6 +32,9 @@ BERT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[
 # Marian / OPUS-MT's: the decoder starts from the pad token, so BOS is "<pad>" too
 MARIAN_SPECIAL_TOKENS = {"pad": "<pad>", "bos": "<pad>", "eos": "</s>", "unk": "<unk>"}
 KINDS = ("bpe", "char", "wordpiece")
+# part of the tokenizer cache key: raised when training changes what it produces from the same texts (2: WordPiece
+# pieces in sorted order), so a tokenizer cached by older code is retrained instead of silently reused
+TRAINING_VERSION = 2
 # Hub tokenizer classes whose texts start with BOS: CLIP's text tower reads <|startoftext|> caption <|endoftext|>
 BOS_FIRST = ("CLIPTokenizer", "CLIPTokenizerFast")
 
@@ -187,7 +190,7 @@ class Tokenizer:
         ``lowercase``. Both are callables so that a given ``tokenizer_path`` reads no data."""
         if tokenizer_path:
             return cls.from_file(tokenizer_path)
-        key = json.dumps([identity(), kind, vocab_size, lowercase], default=str)
+        key = json.dumps([identity(), kind, vocab_size, lowercase, TRAINING_VERSION], default=str)
         name = f"{kind}-{vocab_size}-{hashlib.sha1(key.encode()).hexdigest()[:16]}.json"
         cache = Path(cache_dir).expanduser() / "tokenizers" / name
         return cls.load_or_train(cache, texts, kind, vocab_size, lowercase=lowercase)
