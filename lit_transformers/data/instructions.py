@@ -6,7 +6,7 @@
 
 Each also in TRL's conversational form, told from the records themselves (a file holds one form): SFT on
 ``messages`` (role/content lists, trained on the assistant turns only) or on a ``prompt`` and ``completion`` of
-messages, ``prompt``/``chosen``/``rejected`` as message lists, PPO ``prompt``\ s as message lists; all rendered
+messages, ``prompt``/``chosen``/``rejected`` as message lists, PPO prompts as message lists; all rendered
 with the tokenizer's ``chat_template`` (:mod:`lit_transformers.text.chat`).
 
 ``source=embedded`` generates word tasks ("Reverse the words: ...") from the commonest words of CPython's
@@ -18,29 +18,21 @@ Every batch also carries its prompts, left-padded for generation, so any stage c
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
 from collections import Counter
 from collections.abc import Sequence
 from functools import partial
-from pathlib import Path
 
 import torch
 
 from lit_transformers.data.base import TextDataModule
-from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents, load_hub_dataset
-from lit_transformers.data.records import JSONL, Record, file_identity, read_records
-from lit_transformers.text import (
-    IGNORE_INDEX,
-    hashed_order,
-    left_pad,
-    pad_pairs,
-    right_pad,
-    split_by_fractions,
-)
-from lit_transformers.text.chat import check_messages, no_chat_template
+from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents
+from lit_transformers.data.instruction_records import FIELDS, read_hub, read_jsonl, split_records
+from lit_transformers.data.records import file_identity
+from lit_transformers.text import IGNORE_INDEX, left_pad, pad_pairs, right_pad
+from lit_transformers.text.chat import no_chat_template
 from lit_transformers.text.instructions import (
     encode_conversation,
     informative,
@@ -51,7 +43,6 @@ from lit_transformers.text.instructions import (
 log = logging.getLogger(__name__)
 
 DATA_VERSION = 3  # bump when the embedded examples change: keys the cached tokenizer
-FIELDS = {"sft": ("prompt", "completion"), "pairs": ("prompt", "chosen", "rejected"), "prompts": ("prompt",)}
 
 
 def common_words(corpus: CorpusSpec, n: int, min_len: int = 3, max_len: int = 7) -> list[str]:
@@ -62,132 +53,6 @@ def common_words(corpus: CorpusSpec, n: int, min_len: int = 3, max_len: int = 7)
         for w in re.findall(rf"\b[a-z]{{{min_len},{max_len}}}\b", text)
     )
     return [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
-
-
-def read_jsonl(path: str | Path, fields: tuple[str, ...], encoding: str = "utf-8") -> list[dict]:
-    """Records of a JSONL file in ``encoding`` (:func:`lit_transformers.data.records.read_records`): a malformed
-    line, a missing field or one that is not text (or not a conversation) is an error naming the file, the
-    line and the field."""
-    records = read_records(path, JSONL, "data.path=<file.jsonl>", encoding=encoding)
-    return text_records(records, fields, str(path))
-
-
-def fields_of(fields: tuple[str, ...], names) -> tuple[str, ...]:
-    """The fields a record with keys ``names`` needs: ``fields``, or for SFT a conversation in ``messages``."""
-    return ("messages",) if fields == FIELDS["sft"] and "messages" in names else fields
-
-
-def text_records(records: list[Record], fields: tuple[str, ...], source: str) -> list[dict]:
-    """The fields of every record, once each of ``fields`` holds text (an empty string is text), or each a
-    conversation (:func:`lit_transformers.text.chat.check_messages`) when the first record's are, and its
-    ``where`` (``file:line``) for the messages of
-    :func:`lit_transformers.text.instructions.informative`."""
-    if not records:
-        raise ValueError(f"{source} holds no records")
-    first, checked = records[0], []
-    conversational = is_conversational(first.fields)
-    for record in records:
-        needed = fields_of(fields, record.fields)
-        for name in needed:
-            if name not in record.fields:
-                raise ValueError(
-                    f"{record.where}: no {record.kind} {name!r} (keys: {sorted(record.fields)}); records need "
-                    f"{list(needed)}"
-                )
-        if is_conversational(record.fields) != conversational:
-            kinds = ("plain-text", "conversational") if conversational else ("conversational", "plain-text")
-            raise ValueError(
-                f"{record.where}: a {kinds[0]} record in a file of {kinds[1]} ones (the first: {first.where}). "
-                "The format is read from the records, so all must be conversations (role/content message lists "
-                f"in {list(needed)}) or all text; convert this record to the others' form"
-            )
-        values = {name: _field(record, name, conversational) for name in needed}
-        record.text("answer", optional=True, empty=True)  # the judge compares it with generated text
-        checked.append(dict(record.fields) | values | {"where": record.where})
-    return checked
-
-
-def _field(record: Record, name: str, conversational: bool) -> str | list[dict]:
-    """A record's text field, or in a conversational record its message list, checked."""
-    if not conversational:
-        return record.text(name, empty=True)
-    value = record.fields[name]
-    if not isinstance(value, list):
-        raise ValueError(
-            f"{record.where}: {record.kind} {name!r} holds {type(value).__name__} {value!r} in a conversational "
-            "record; give every field of it as a list of role/content messages"
-        )
-    try:
-        return check_messages(value)
-    except ValueError as err:
-        raise ValueError(f"{record.where}: {record.kind} {name!r}: {err}") from None
-
-
-def read_hub(name: str, subset: str | None, split: str, fields: tuple[str, ...]) -> list[dict]:
-    """Records of a Hugging Face dataset (Hub name or ``save_to_disk`` folder) with TRL's column names."""
-    dataset = load_hub_dataset(name, subset, split, name_key="data.path", files_key="data.path")
-    needed = fields_of(fields, dataset.column_names)
-    missing = [f for f in needed if f not in dataset.column_names]
-    if missing:
-        raise KeyError(
-            f"Dataset {name} has no column(s) {missing} (it has {dataset.column_names}); need {list(needed)}"
-        )
-    return text_records([Record(f"{name}[{i}]", row) for i, row in enumerate(dataset)], fields, name)
-
-
-SPLITS = ("train", "val", "test")
-
-
-def prompt_key(record: dict) -> str:
-    """What a split keeps together: a record's prompt, or a conversation's messages before its first assistant
-    turn (as JSON)."""
-    prompt = record.get("prompt")
-    if prompt is None:
-        messages = record["messages"]
-        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
-        prompt = messages[:first]
-    return prompt if isinstance(prompt, str) else json.dumps(prompt, ensure_ascii=False, sort_keys=True)
-
-
-def split_records(
-    records: list[dict],
-    val_fraction: float,
-    test_fraction: float,
-    seed: int,
-    pool: str = "all",
-    pool_shares: dict[str, float] | None = None,
-) -> dict[str, list[dict]]:
-    """Records per split: by their ``split`` field when every record has one, else by a seeded hash of the
-    prompt (all records of a prompt in one split). ``pool`` keeps that share of the training prompts: ranked by
-    another hash and cut in the order of ``pool_shares``, the pools are disjoint and the same in every stage, as
-    InstructGPT's separate SFT, reward-model and PPO prompt sets (PPO then trains on prompts SFT never saw)."""
-    given = [r.get("split") for r in records]
-    if any(g is not None for g in given):
-        bad = next((i for i, g in enumerate(given) if g not in SPLITS), None)
-        if bad is not None:
-            raise ValueError(
-                f"record {bad}: split={given[bad]!r}; give every record a split in {SPLITS}, or none"
-            )
-        prompts_of = {name: sorted({prompt_key(r) for r in records if r["split"] == name}) for name in SPLITS}
-    else:
-        prompts = sorted({prompt_key(r) for r in records})
-        parts = split_by_fractions(prompts, val_fraction, test_fraction, seed, what="prompts")
-        prompts_of = {name: [prompts[i] for i in idx] for name, idx in parts.items()}
-    if pool != "all":
-        train, start = prompts_of["train"], 0.0
-        ranked = [train[i] for i in hashed_order(train, f"pool:{seed}")]
-        for name, share in (pool_shares or {}).items():
-            if name == pool:
-                prompts_of["train"] = ranked[
-                    round(start * len(ranked)) : round((start + share) * len(ranked))
-                ]
-            start += share
-        if not prompts_of["train"]:
-            raise ValueError(
-                f"data.pool={pool} holds no training prompts; raise data.n_examples or its share"
-            )
-    split_of = {p: name for name, prompts in prompts_of.items() for p in prompts}
-    return {name: [r for r in records if split_of.get(prompt_key(r)) == name] for name in SPLITS}
 
 
 def pack(

@@ -5,7 +5,7 @@ and a plausible wrong one (a wrong word, wrong order, truncated, extra text, a w
 and DPO pairs.
 The judge (exact match, and a graded score in [0, 1]) is the ground truth that a reward model only learns
 to approximate; the stages report both. Records that teach nothing (an empty SFT completion, a pair with
-the same responses) are skipped with a count, or refused when a split holds nothing else. Pure Python: the
+the same responses) are skipped with a count, or refused when a split holds nothing else. No tensors: the
 datamodule makes and screens examples (and encodes TRL's conversational records), the tasks judge.
 """
 
