@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
+import types
 from pathlib import Path
 
 import pytest
 
+from lit_transformers.data.instruction_records import FIELDS, read_hub
 from lit_transformers.data.instructions import InstructionDataModule, collate
 from lit_transformers.text import IGNORE_INDEX
 from lit_transformers.train import train
@@ -206,6 +209,23 @@ def test_a_long_conversation_is_cut_as_text_is(tmp_path):
         assert dm.tokenizer.decode(item["prompt"], skip_special_tokens=False).endswith("assistant\n")
 
 
+def test_a_hub_dataset_of_messages_is_read_with_its_null_message_keys_dropped(monkeypatch):
+    """datasets gives every message the keys of all (a struct column): those set to None are dropped, as
+    transformers drops them before rendering; a bad row is named by its index."""
+
+    class Dataset(list):
+        column_names = ["messages"]
+
+    as_struct = lambda messages: [m | {"tool_calls": None} for m in messages]  # noqa: E731
+    rows = Dataset([{"messages": as_struct(_conversation(i))} for i in range(2)])
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=lambda *a, **k: rows))
+    records = read_hub("me/chat", None, "train", FIELDS["sft"])
+    assert [r["messages"] for r in records] == [_conversation(0), _conversation(1)]
+    rows[1]["messages"][0]["role"] = "gpt"
+    with pytest.raises(ValueError, match=r"me/chat\[1\]: column 'messages': Message 0 .* role 'gpt'"):
+        read_hub("me/chat", None, "train", FIELDS["sft"])
+
+
 # ---- refusals --------------------------------------------------------------------------------------------
 
 
@@ -259,12 +279,32 @@ def test_text_and_conversational_records_in_one_file_are_refused_at_the_first_od
 # ---- a run -----------------------------------------------------------------------------------------------
 
 
-def test_sft_on_messages_trains_a_llama_on_a_hub_tokenizer(tmp_path, compose_cfg):
+def _records_for(format: str, n: int) -> list[dict]:
+    """``n`` conversational records of a format: SFT on messages, pairs, PPO prompts."""
+    if format == "sft":
+        return [{"messages": _conversation(i)} for i in range(n)]
+    no = [{"role": "assistant", "content": "No."}]
+    if format == "pairs":
+        return [
+            {"prompt": _conversation(i)[:-1], "chosen": _conversation(i)[-1:], "rejected": no}
+            for i in range(n)
+        ]
+    return [{"prompt": _conversation(i)[:-1]} for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "experiment, format",
+    [("gpt_sft", "sft"), ("gpt_reward", "pairs"), ("gpt_dpo", "pairs"), ("gpt_ppo", "prompts")],
+)
+def test_every_stage_trains_a_llama_on_conversations_with_a_hub_tokenizer(
+    tmp_path, compose_cfg, experiment, format
+):
+    """A few steps of each stage, on TRL's conversational records and a transformers-written tokenizer
+    directory: the tasks take the batches as they are (same keys as text records')."""
     _chatml(tmp_path / "tok", template=CHATML_GENERATION)
-    records = [{"messages": _conversation(i)} for i in range(40)]
-    path = write_jsonl(tmp_path / "chat.jsonl", records)
+    path = write_jsonl(tmp_path / "chat.jsonl", _records_for(format, 40))
     cfg = compose_cfg(
-        "experiment=gpt_sft",
+        f"experiment={experiment}",
         "model=llama_nano",
         *TINY,
         "model.n_kv_head=1",
@@ -274,11 +314,13 @@ def test_sft_on_messages_trains_a_llama_on_a_hub_tokenizer(tmp_path, compose_cfg
         f"data.path={path}",
         f"data.tokenizer_path={tmp_path / 'tok'}",
         "data.pool=all",
+        "data.max_prompt_length=96",
         "data.val_fraction=0.2",
         "data.test_fraction=0.2",
-        "trainer.max_steps=3",
-        "task.max_new_tokens=4",
+        "trainer.max_steps=3" if experiment == "gpt_sft" else "debug=fdr",
+        *([] if experiment == "gpt_reward" else ["task.max_new_tokens=4"]),
     )
-    result = train(cfg)
-    loss = result.metrics["train/loss"]
-    assert math.isfinite(loss) and loss > 0, result.metrics
+    metrics = train(cfg).metrics
+    assert metrics and all(math.isfinite(v) for v in metrics.values()), metrics
+    if experiment == "gpt_sft":
+        assert metrics["train/loss"] > 0, metrics
