@@ -19,7 +19,7 @@ from lit_transformers.data.instructions import InstructionDataModule, collate
 from lit_transformers.text import IGNORE_INDEX
 from lit_transformers.train import train
 
-from conftest import assert_user_error
+from conftest import assert_short_error, assert_user_error, train_cli
 from test_hub_tokenizers import CHATML, CHATML_GENERATION, CHATML_TEMPLATE, _bpe, _chatml, _save
 from test_instructgpt import TINY
 
@@ -240,6 +240,20 @@ def test_a_conversational_dataset_without_a_chat_template_is_refused_naming_the_
         "no chat_template",
         "data.tokenizer_path=<a Hub dir with a chat template>",
     )
+
+
+def test_a_run_on_conversations_without_a_chat_template_exits_1_with_the_fix(tmp_path):
+    records = [{"messages": _conversation(i)} for i in range(8)]
+    path = write_jsonl(tmp_path / "chat.jsonl", records)
+    result = train_cli(
+        "experiment=gpt_sft",
+        "data.source=jsonl",
+        f"data.path={path}",
+        "data.pool=all",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert_short_error(result, "no chat_template", "data.tokenizer_path=<a Hub dir with a chat template>")
 
 
 def test_an_unknown_role_names_the_records_line(tmp_path):
