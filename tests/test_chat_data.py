@@ -226,6 +226,24 @@ def test_a_hub_dataset_of_messages_is_read_with_its_null_message_keys_dropped(mo
         read_hub("me/chat", None, "train", FIELDS["sft"])
 
 
+def test_the_embedded_tasks_take_a_hub_tokenizer_without_bos_or_chat_template(tmp_path):
+    """Qwen's tokenizers have no BOS: text prompts are their ids as transformers encodes them (no BOS added),
+    responses end in EOS; no chat template is needed for text."""
+    hf = _save(tmp_path / "tok", _bpe(CHATML), eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    dm = InstructionDataModule(
+        format="pairs",
+        n_examples=60,
+        tokenizer_path=str(tmp_path / "tok"),
+        cache_dir=str(tmp_path / "cache"),
+        max_prompt_length=200,
+        max_length=256,
+    )
+    dm.setup()
+    for item, record in _items_with_records(dm):
+        assert item["prompt"] == hf(record["prompt"])["input_ids"]
+        assert item["chosen"] == [*hf(record["chosen"])["input_ids"], hf.eos_token_id]
+
+
 # ---- refusals --------------------------------------------------------------------------------------------
 
 

@@ -215,8 +215,8 @@ class InstructionDataModule(TextDataModule):
 
     def encode(self, record: dict) -> tuple[dict, bool]:
         """Token lists of a record, and whether they were cut: the prompt to its last ``max_prompt_length``
-        tokens (a leading BOS kept), each response to the room left within ``max_length``. Text gets BOS and
-        EOS here; a conversation's come from its chat template
+        tokens (a leading BOS kept), each response to the room left within ``max_length``. Text gets BOS (when
+        the tokenizer has one) and EOS here; a conversation's come from its chat template
         (:func:`lit_transformers.text.instructions.encode_conversation`)."""
         tok, h = self.tokenizer, self.hparams
         if is_conversational(record):
@@ -225,7 +225,10 @@ class InstructionDataModule(TextDataModule):
             except ValueError as err:
                 raise ValueError(f"{record['where']}: {err}") from None
         else:
-            full = [tok.bos_id, *tok.encode(record["prompt"])]
+            bos = (
+                [tok.bos_id] if "bos" in tok.ids else []
+            )  # Qwen's tokenizers have none (transformers adds none)
+            full = [*bos, *tok.encode(record["prompt"])]
             responses = {field: [*tok.encode(record[field]), tok.eos_id] for field in FIELDS[h.format][1:]}
         keep = int(full[:1] == [tok.ids.get("bos")])  # keep BOS and the prompt's end
         prompt = full[:keep] + full[keep:][-(h.max_prompt_length - keep) :]
