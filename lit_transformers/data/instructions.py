@@ -4,6 +4,11 @@
 - ``format=pairs``: ``prompt`` + ``chosen`` + ``rejected`` (reward model, DPO),
 - ``format=prompts``: ``prompt`` (PPO rollouts).
 
+Each also in TRL's conversational form, told from the records themselves (a file holds one form): SFT on
+``messages`` (role/content lists, trained on the assistant turns only) or on a ``prompt`` and ``completion`` of
+messages, ``prompt``/``chosen``/``rejected`` as message lists, PPO prompts as message lists; all rendered
+with the tokenizer's ``chat_template`` (:mod:`lit_transformers.text.chat`).
+
 ``source=embedded`` generates word tasks ("Reverse the words: ...") from the commonest words of CPython's
 bundled docs, with the right ``answer`` that the judge scores generations against (no download).
 ``source=jsonl`` reads the user's records (one JSON object a line; an optional ``answer`` enables the judge),
@@ -19,27 +24,25 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from functools import partial
-from pathlib import Path
 
 import torch
 
 from lit_transformers.data.base import TextDataModule
-from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents, load_hub_dataset
-from lit_transformers.data.records import JSONL, Record, file_identity, read_records
-from lit_transformers.text import (
-    IGNORE_INDEX,
-    hashed_order,
-    left_pad,
-    pad_pairs,
-    right_pad,
-    split_by_fractions,
+from lit_transformers.data.corpus import CorpusSpec, fingerprint, load_documents
+from lit_transformers.data.instruction_records import FIELDS, read_hub, read_jsonl, split_records
+from lit_transformers.data.records import file_identity
+from lit_transformers.text import IGNORE_INDEX, left_pad, pad_pairs, right_pad
+from lit_transformers.text.chat import no_chat_template
+from lit_transformers.text.instructions import (
+    encode_conversation,
+    informative,
+    is_conversational,
+    make_examples,
 )
-from lit_transformers.text.instructions import informative, make_examples
 
 log = logging.getLogger(__name__)
 
 DATA_VERSION = 3  # bump when the embedded examples change: keys the cached tokenizer
-FIELDS = {"sft": ("prompt", "completion"), "pairs": ("prompt", "chosen", "rejected"), "prompts": ("prompt",)}
 
 
 def common_words(corpus: CorpusSpec, n: int, min_len: int = 3, max_len: int = 7) -> list[str]:
@@ -50,82 +53,6 @@ def common_words(corpus: CorpusSpec, n: int, min_len: int = 3, max_len: int = 7)
         for w in re.findall(rf"\b[a-z]{{{min_len},{max_len}}}\b", text)
     )
     return [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
-
-
-def read_jsonl(path: str | Path, fields: tuple[str, ...], encoding: str = "utf-8") -> list[dict]:
-    """Records of a JSONL file in ``encoding`` (:func:`lit_transformers.data.records.read_records`): a malformed
-    line, a missing field or one that is not text is an error naming the file, the line and the field."""
-    required = dict.fromkeys(fields, f"records need {list(fields)}")
-    records = read_records(path, JSONL, "data.path=<file.jsonl>", required, encoding=encoding)
-    return text_records(records, fields, str(path))
-
-
-def text_records(records: list[Record], fields: tuple[str, ...], source: str) -> list[dict]:
-    """The fields of every record, once each of ``fields`` holds text (an empty string is text), and its
-    ``where`` (``file:line``) for the messages of
-    :func:`lit_transformers.text.instructions.informative`."""
-    if not records:
-        raise ValueError(f"{source} holds no records")
-    for record in records:
-        for name in fields:
-            record.text(name, empty=True)
-        record.text("answer", optional=True, empty=True)  # the judge compares it with generated text
-    return [dict(record.fields) | {"where": record.where} for record in records]
-
-
-def read_hub(name: str, subset: str | None, split: str, fields: tuple[str, ...]) -> list[dict]:
-    """Records of a Hugging Face dataset (Hub name or ``save_to_disk`` folder) with TRL's column names."""
-    dataset = load_hub_dataset(name, subset, split, name_key="data.path", files_key="data.path")
-    missing = [f for f in fields if f not in dataset.column_names]
-    if missing:
-        raise KeyError(
-            f"Dataset {name} has no column(s) {missing} (it has {dataset.column_names}); need {list(fields)}"
-        )
-    return text_records([Record(f"{name}[{i}]", row) for i, row in enumerate(dataset)], fields, name)
-
-
-SPLITS = ("train", "val", "test")
-
-
-def split_records(
-    records: list[dict],
-    val_fraction: float,
-    test_fraction: float,
-    seed: int,
-    pool: str = "all",
-    pool_shares: dict[str, float] | None = None,
-) -> dict[str, list[dict]]:
-    """Records per split: by their ``split`` field when every record has one, else by a seeded hash of the
-    prompt (all records of a prompt in one split). ``pool`` keeps that share of the training prompts: ranked by
-    another hash and cut in the order of ``pool_shares``, the pools are disjoint and the same in every stage, as
-    InstructGPT's separate SFT, reward-model and PPO prompt sets (PPO then trains on prompts SFT never saw)."""
-    given = [r.get("split") for r in records]
-    if any(g is not None for g in given):
-        bad = next((i for i, g in enumerate(given) if g not in SPLITS), None)
-        if bad is not None:
-            raise ValueError(
-                f"record {bad}: split={given[bad]!r}; give every record a split in {SPLITS}, or none"
-            )
-        prompts_of = {name: sorted({r["prompt"] for r in records if r["split"] == name}) for name in SPLITS}
-    else:
-        prompts = sorted({r["prompt"] for r in records})
-        parts = split_by_fractions(prompts, val_fraction, test_fraction, seed, what="prompts")
-        prompts_of = {name: [prompts[i] for i in idx] for name, idx in parts.items()}
-    if pool != "all":
-        train, start = prompts_of["train"], 0.0
-        ranked = [train[i] for i in hashed_order(train, f"pool:{seed}")]
-        for name, share in (pool_shares or {}).items():
-            if name == pool:
-                prompts_of["train"] = ranked[
-                    round(start * len(ranked)) : round((start + share) * len(ranked))
-                ]
-            start += share
-        if not prompts_of["train"]:
-            raise ValueError(
-                f"data.pool={pool} holds no training prompts; raise data.n_examples or its share"
-            )
-    split_of = {p: name for name, prompts in prompts_of.items() for p in prompts}
-    return {name: [r for r in records if split_of.get(r["prompt"]) == name] for name in SPLITS}
 
 
 def pack(
@@ -168,7 +95,8 @@ def pack(
 def collate(items: list[dict], format: str, pad_id: int, packing: bool = False, width: int = 0) -> dict:
     """Token lists -> tensors: always ``prompt_ids``/``prompt_mask`` (left-padded) and ``answers`` (for the
     judge; None without), ``index`` (each item's position in its split) when the items carry one, plus
-    ``input_ids``/``labels`` (sft, prompt labels IGNORE_INDEX) or ``pair_ids``/``pair_mask``/``response_mask``
+    ``input_ids``/``labels`` (sft, prompt labels IGNORE_INDEX, and so the completion's tokens that an item's
+    ``targets`` mark IGNORE_INDEX: a conversation's other turns) or ``pair_ids``/``pair_mask``/``response_mask``
     (pairs: chosen rows first, then rejected)."""
     batch: dict = {}
     batch["prompt_ids"], batch["prompt_mask"] = left_pad([it["prompt"] for it in items], pad_id)
@@ -176,20 +104,15 @@ def collate(items: list[dict], format: str, pad_id: int, packing: bool = False, 
     batch["answers"] = answers if all(a is not None for a in answers) else None
     if all("index" in it for it in items):
         batch["index"] = torch.tensor([it["index"] for it in items])
-    if format == "sft" and packing:
-        sequences = [(it["prompt"] + it["completion"])[:-1] for it in items]
-        labels = [
-            [IGNORE_INDEX] * (len(it["prompt"]) - 1) + list(it["completion"]) for it in items
-        ]  # label t is token t+1; the prompt's are ignored
-        batch |= pack(sequences, labels, width, pad_id)
-    elif format == "sft":
-        ids, valid = right_pad([it["prompt"] + it["completion"] for it in items], pad_id)
-        labels = ids[:, 1:].masked_fill(~valid[:, 1:], IGNORE_INDEX)  # (B, T-1): label t is token t+1
-        for row, it in enumerate(items):
-            labels[row, : len(it["prompt"]) - 1] = (
-                IGNORE_INDEX  # only completion tokens (and EOS) are targets
-            )
-        batch["input_ids"], batch["labels"] = ids[:, :-1], labels
+    if format == "sft":
+        sequences = [it["prompt"] + it["completion"] for it in items]
+        # label t is token t+1: only completion tokens (and EOS, or a turn's end) are targets
+        targets = [[IGNORE_INDEX] * len(it["prompt"]) + it.get("targets", it["completion"]) for it in items]
+        if packing:
+            batch |= pack([s[:-1] for s in sequences], [t[1:] for t in targets], width, pad_id)
+        else:
+            batch["input_ids"] = right_pad(sequences, pad_id)[0][:, :-1]
+            batch["labels"] = right_pad(targets, IGNORE_INDEX)[0][:, 1:]
     elif format == "pairs":
         ids, valid = pad_pairs(
             [it["prompt"] + it["chosen"] for it in items],
@@ -274,6 +197,10 @@ class InstructionDataModule(TextDataModule):
             self._records = {name: order.sample(part, len(part)) for name, part in parts.items()}
         return self._records
 
+    def conversational_records(self) -> bool:
+        """Whether the records are TRL's conversations (role/content message lists) rather than text."""
+        return is_conversational(next((r for part in self.records().values() for r in part), {}))
+
     def data_identity(self) -> list:
         h = self.hparams
         if h.source == "embedded":
@@ -281,19 +208,34 @@ class InstructionDataModule(TextDataModule):
         return file_identity([h.path])
 
     def tokenizer_texts(self) -> list[str]:
-        """The training records' prompts and completions (pairs: their chosen responses)."""
+        """The training records' prompts and completions (pairs: their chosen responses); conversations need a
+        tokenizer with a chat template, which one trained here has not."""
+        if self.conversational_records():
+            raise no_chat_template()
         return [r["prompt"] + r.get("completion", r.get("chosen", "")) for r in self.records()["train"]]
 
     def encode(self, record: dict) -> tuple[dict, bool]:
         """Token lists of a record, and whether they were cut: the prompt to its last ``max_prompt_length``
-        tokens (BOS kept), each response to the room left within ``max_length``."""
+        tokens (a leading BOS kept), each response to the room left within ``max_length``. Text gets BOS (when
+        the tokenizer has one) and EOS here; a conversation's come from its chat template
+        (:func:`lit_transformers.text.instructions.encode_conversation`)."""
         tok, h = self.tokenizer, self.hparams
-        full = [tok.bos_id, *tok.encode(record["prompt"])]
-        prompt = full[:1] + full[1:][-(h.max_prompt_length - 1) :]  # keep BOS and the prompt's end
+        if is_conversational(record):
+            try:
+                full, responses = encode_conversation(tok, record, h.format)
+            except ValueError as err:
+                raise ValueError(f"{record['where']}: {err}") from None
+        else:
+            bos = (
+                [tok.bos_id] if "bos" in tok.ids else []
+            )  # Qwen's tokenizers have none (transformers adds none)
+            full = [*bos, *tok.encode(record["prompt"])]
+            responses = {field: [*tok.encode(record[field]), tok.eos_id] for field in FIELDS[h.format][1:]}
+        keep = int(full[:1] == [tok.ids.get("bos")])  # keep BOS and the prompt's end
+        prompt = full[:keep] + full[keep:][-(h.max_prompt_length - keep) :]
         item, cut = {"prompt": prompt, "answer": record.get("answer")}, len(prompt) < len(full)
         room = h.max_length - len(prompt)  # at least 1: max_prompt_length < max_length
-        for field in FIELDS[h.format][1:]:
-            response = [*tok.encode(record[field]), tok.eos_id]
+        for field, response in responses.items():
             item[field], cut = response[:room], cut or len(response) > room
         return item, cut
 
@@ -302,6 +244,8 @@ class InstructionDataModule(TextDataModule):
             return
         self.tokenizer = self.load_tokenizer()
         h = self.hparams
+        if self.conversational_records() and self.tokenizer.chat_template is None:
+            raise no_chat_template()
         source = f"data.source=embedded ({h.n_examples} examples)" if h.source == "embedded" else h.path
         n_cut = {}
         for name, records in self.records().items():

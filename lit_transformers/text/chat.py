@@ -151,14 +151,19 @@ def _render_with_spans(
     return "".join(blocks), spans
 
 
+def no_chat_template() -> ValueError:
+    """The error of conversational records met without a chat template (a tokenizer trained here has none)."""
+    return ValueError(
+        "This tokenizer has no chat_template, so conversational records (role/content messages) cannot be "
+        "rendered; set data.tokenizer_path=<a Hub dir with a chat template> (a Hugging Face tokenizer directory "
+        "whose tokenizer_config.json or chat_template.jinja carries one, an instruct model's), or give "
+        "plain-text records (prompt/response) instead"
+    )
+
+
 def _template_of(tokenizer: Tokenizer) -> str:
     if tokenizer.chat_template is None:
-        raise ValueError(
-            "This tokenizer has no chat_template, so conversational records (role/content messages) cannot be "
-            "rendered; set data.tokenizer_path to a Hugging Face tokenizer directory whose tokenizer_config.json "
-            "or chat_template.jinja carries one (an instruct model's), or give plain-text records "
-            "(prompt/response) instead"
-        )
+        raise no_chat_template()
     return tokenizer.chat_template
 
 

@@ -5,8 +5,8 @@ and a plausible wrong one (a wrong word, wrong order, truncated, extra text, a w
 and DPO pairs.
 The judge (exact match, and a graded score in [0, 1]) is the ground truth that a reward model only learns
 to approximate; the stages report both. Records that teach nothing (an empty SFT completion, a pair with
-the same responses) are skipped with a count, or refused when a split holds nothing else. Pure Python: the
-datamodule makes and screens examples, the tasks judge.
+the same responses) are skipped with a count, or refused when a split holds nothing else. No tensors: the
+datamodule makes and screens examples (and encodes TRL's conversational records), the tasks judge.
 """
 
 from __future__ import annotations
@@ -14,7 +14,14 @@ from __future__ import annotations
 import difflib
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from lit_transformers.nn.losses import IGNORE_INDEX
+from lit_transformers.text.chat import encode_chat, encode_prompt_completion, render_chat
+
+if TYPE_CHECKING:
+    from lit_transformers.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -128,12 +135,63 @@ def judge(response: str, answer: str) -> tuple[float, float]:
     return exact, hits / max(len(got), len(want), 1)
 
 
+# the fields that hold a message list in TRL's conversational records
+CONVERSATION_FIELDS = ("messages", "prompt", "completion", "chosen", "rejected")
+
+
+def is_conversational(record: Mapping) -> bool:
+    """Whether a record is in TRL's conversational form: a field of it holds a list of messages, not text."""
+    return any(isinstance(record.get(name), list) for name in CONVERSATION_FIELDS)
+
+
+def encode_conversation(
+    tokenizer: Tokenizer, record: dict, format: str
+) -> tuple[list[int], dict[str, list[int]]]:
+    """The prompt's ids and each response's (by field) of a conversational record, as TRL renders them:
+
+    - ``sft``: ``messages`` rendered whole (``apply_chat_template``'s ids), trained on its assistant turns only
+      (``assistant_only_loss``), or a ``prompt`` + ``completion`` rendered together and trained on the
+      completion's assistant turns; the prompt is everything before the first trained token, the response the
+      rest, with its ``targets`` (IGNORE_INDEX on the tokens of the other turns);
+    - ``pairs``: the prompt ending in the generation prompt, each of ``chosen`` and ``rejected`` through its
+      end of turn (:func:`lit_transformers.text.chat.encode_prompt_completion`);
+    - ``prompts``: the prompt with the generation prompt, where a rollout starts.
+    """
+    if format == "pairs":
+        encoded = {
+            field: encode_prompt_completion(tokenizer, record["prompt"], record[field])
+            for field in ("chosen", "rejected")
+        }  # the prompt's ids are the same for both: its text is
+        return encoded["chosen"][0], {field: response for field, (_, response) in encoded.items()}
+    if format == "prompts":
+        return tokenizer.encode(render_chat(tokenizer, record["prompt"], add_generation_prompt=True)), {}
+    if "messages" in record:
+        chat = encode_chat(tokenizer, record["messages"])
+        labels = chat.labels
+    else:
+        chat = encode_chat(tokenizer, [*record["prompt"], *record["completion"]])
+        n_prompt = len(tokenizer.encode(render_chat(tokenizer, record["prompt"], add_generation_prompt=True)))
+        labels = [IGNORE_INDEX] * n_prompt + chat.labels[n_prompt:]  # TRL's completion_only_loss too
+    # the first token is never a target (nothing predicts it): at least it is prompt
+    first = max(1, next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), len(labels)))
+    return chat.ids[:first], {"completion": chat.ids[first:], "targets": labels[first:]}
+
+
+def completion_text(record: Mapping) -> str:
+    """What an SFT record teaches: its completion, or the text of its conversation's assistant turns."""
+    completion = record.get("completion", record.get("messages"))
+    if isinstance(completion, str):
+        return completion
+    return "".join(m["content"] for m in completion if m["role"] == "assistant")
+
+
 # records that teach nothing, per TRL format: (what they have, what training on only them does, the fix)
 USELESS = {
     "sft": (
         "an empty completion",
         "SFT on them learns only to end every response at once",
-        "Give the records their completions (data.format=sft reads prompt and completion)",
+        "Give the records their completions (data.format=sft reads prompt and completion, or messages whose"
+        " assistant turns are the completion)",
     ),
     "pairs": (
         "the same chosen and rejected response (within data.max_length tokens)",
@@ -148,7 +206,7 @@ def useless(format: str, record: dict, item: dict) -> bool:
     """Whether a record teaches nothing (:data:`USELESS`): an SFT record without a completion, a pair whose
     responses are the same tokens once encoded and cut to ``max_length`` (both empty included)."""
     if format == "sft":
-        return not record["completion"].strip()
+        return not completion_text(record).strip()
     return format == "pairs" and item["chosen"] == item["rejected"]
 
 
