@@ -96,7 +96,8 @@ class CausalLMTask(Task):
         top_p: float | None = None,
         seed: int | None = None,
     ) -> list[str]:
-        """Continue each prompt; returns only the generated text."""
+        """Continue each prompt until any of the tokenizer's ``end_of_turn_ids``; returns only the generated
+        text."""
         tok = self.require_tokenizer()
         ids, valid = left_pad([[tok.bos_id, *tok.encode(p)] for p in prompts], tok.pad_id, device=self.device)
         max_new_tokens = min(max_new_tokens, self.model.config.block_size - ids.size(1))
@@ -110,7 +111,7 @@ class CausalLMTask(Task):
                 temperature,
                 top_k,
                 top_p,
-                eos_id=tok.eos_id,
+                eos_id=tok.end_of_turn_ids,
                 pad_id=tok.pad_id,
                 generator=generator,
             )
