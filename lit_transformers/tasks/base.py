@@ -183,7 +183,8 @@ class Task(L.LightningModule):
     def configure_model(self) -> None:
         if self._built:
             return
-        if not self.hparams.init_from and self.init_from_hint and self._trainer is not None:  # not a reload
+        started = self.hparams.init_from or self.hparams.get("init_from_hf")
+        if not started and self.init_from_hint and self._trainer is not None:  # not a reload
             log.warning(
                 "%s starts from random weights: no init_from (%s)", type(self).__name__, self.init_from_hint
             )

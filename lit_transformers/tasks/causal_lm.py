@@ -10,7 +10,32 @@ from lit_transformers.models import GPT, GPTConfig
 from lit_transformers.nn import generate, token_mean
 from lit_transformers.tasks.base import Task, eval_mode
 from lit_transformers.tasks.specs import config_spec
-from lit_transformers.text import left_pad
+from lit_transformers.text import left_pad, render_chat
+
+
+def decoder_spec(model: dict | GPTConfig, init_from_hf: str | None) -> dict:
+    """The model spec a GPT task records (before the base records its arguments as hyperparameters): that of
+    the Hugging Face causal LM directory ``init_from_hf`` when given (its config.json, weights unread), so a
+    resumed or reloaded run rebuilds the checkpoint's architecture without the directory; else ``model``'s."""
+    if not init_from_hf:
+        return config_spec(model)
+    from lit_transformers.models.hf_convert import decoder_converter, read_hf_config
+
+    return config_spec(
+        decoder_converter(init_from_hf).config_from_hf(read_hf_config(init_from_hf, "causal LM"))
+    )
+
+
+def load_hf_decoder(task: Task, path: str, what: str) -> GPT:
+    """``GPT.from_hf(path)`` for ``task`` (its ``trust_checkpoint``), checked against the run's tokenizer; ``what``
+    names the model in the log. float32, whatever the checkpoint's dtype: trainer.precision (bf16-true,
+    bf16-mixed) decides what runs in bf16, and the optimizer keeps float32 weights under bf16-mixed. Applied
+    once: ``init_from_hf`` is cleared, and the task's checkpoints rebuild the model from ``hparams.model``."""
+    model = GPT.from_hf(path, task.hparams.trust_checkpoint, dtype=torch.float32)
+    if task.hparams.init_from_hf:
+        task.check_hf_vocabulary(model.config.vocab_size, what)
+        task.hparams.init_from_hf = None
+    return model
 
 
 class CausalLMTask(Task):
@@ -22,11 +47,7 @@ class CausalLMTask(Task):
     data_needs = (TokenizedText,)
 
     def __init__(self, model: dict | GPTConfig, init_from_hf: str | None = None, **task_args):
-        if init_from_hf:  # the architecture is the checkpoint's: recorded now, so a resumed run matches it
-            from lit_transformers.models.hf_convert import decoder_converter, read_hf_config
-
-            model = decoder_converter(init_from_hf).config_from_hf(read_hf_config(init_from_hf, "causal LM"))
-        model = config_spec(model)  # before the base records the arguments as hyperparameters
+        model = decoder_spec(model, init_from_hf)
         super().__init__(**task_args)
         # token-weighted means (sum of token losses / token count, over batches and ranks): val/ppl is
         # exactly exp(val/loss), and padded or prompt-masked batches weigh by their real targets
@@ -35,12 +56,7 @@ class CausalLMTask(Task):
 
     def build_model(self) -> GPT:
         if self.hparams.init_from_hf:
-            # float32, whatever the checkpoint's dtype: trainer.precision (bf16-true, bf16-mixed) decides what
-            # runs in bf16, and the optimizer keeps float32 weights under bf16-mixed
-            path = self.hparams.init_from_hf
-            model = GPT.from_hf(path, self.hparams.trust_checkpoint, dtype=torch.float32)
-            self.check_hf_vocabulary(model.config.vocab_size, "GPT")
-            self.hparams.init_from_hf = None  # checkpoints of this task rebuild it from hparams.model
+            model = load_hf_decoder(self, self.hparams.init_from_hf, "GPT")
             return model
         return GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
 
@@ -95,11 +111,20 @@ class CausalLMTask(Task):
         top_k: int | None = 50,
         top_p: float | None = None,
         seed: int | None = None,
+        chat: bool = False,
     ) -> list[str]:
         """Continue each prompt until any of the tokenizer's ``end_of_turn_ids``; returns only the generated
-        text."""
+        text. ``chat``: each prompt is a user message, rendered with the tokenizer's chat template and its
+        generation prompt (the template writes the BOS), so the text returned is the assistant's reply."""
         tok = self.require_tokenizer()
-        ids, valid = left_pad([[tok.bos_id, *tok.encode(p)] for p in prompts], tok.pad_id, device=self.device)
+        if chat:
+            prompt_ids = [
+                tok.encode(render_chat(tok, [{"role": "user", "content": p}], add_generation_prompt=True))
+                for p in prompts
+            ]
+        else:
+            prompt_ids = [[tok.bos_id, *tok.encode(p)] for p in prompts]
+        ids, valid = left_pad(prompt_ids, tok.pad_id, device=self.device)
         max_new_tokens = min(max_new_tokens, self.model.config.block_size - ids.size(1))
         generator = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
         with eval_mode(self.model):
