@@ -174,9 +174,10 @@ def test_a_hub_decoder_goes_sft_reward_ppo_dpo_and_exports_what_transformers_gen
         "gpt_sft",
         f"task.init_from_hf={hub_dir}",
         f"data.tokenizer_path={hub_dir}",
+        "model.activation_checkpointing=true",  # kept beside the directory's architecture, and by every stage
     )
     parent = [*_parent_model(sft), f"data.tokenizer_path={sft}"]
-    assert "model.n_kv_head=2" in parent and "model.norm=rmsnorm" in parent  # the Hub decoder's architecture
+    assert {"model.n_kv_head=2", "model.norm=rmsnorm", "model.activation_checkpointing=true"} <= set(parent)
     reward = _stage(tmp_path, cache_dir, "reward", "gpt_reward", f"init_from={sft}", *parent)
     _stage(
         tmp_path,

@@ -29,7 +29,7 @@ from lit_transformers.utils.checkpoints import read_checkpoint
 log = logging.getLogger(__name__)
 
 # model config fields that say how a model trains, not what it is: a run may set them apart from its init_from parent
-TRAINING_FIELDS = ("dropout", "attn_dropout")
+TRAINING_FIELDS = ("dropout", "attn_dropout", "activation_checkpointing")
 
 
 def parent_model_config(checkpoint: Mapping, ours: Mapping) -> dict:

@@ -16,14 +16,15 @@ from lit_transformers.text import left_pad, render_chat
 def decoder_spec(model: dict | GPTConfig, init_from_hf: str | None) -> dict:
     """The model spec a GPT task records (before the base records its arguments as hyperparameters): that of
     the Hugging Face causal LM directory ``init_from_hf`` when given (its config.json, weights unread), so a
-    resumed or reloaded run rebuilds the checkpoint's architecture without the directory; else ``model``'s."""
+    resumed or reloaded run rebuilds the checkpoint's architecture without the directory, with ``model``'s
+    ``activation_checkpointing`` (how the run trains); else ``model``'s."""
+    spec = config_spec(model)
     if not init_from_hf:
-        return config_spec(model)
+        return spec
     from lit_transformers.models.hf_convert import decoder_converter, read_hf_config
 
-    return config_spec(
-        decoder_converter(init_from_hf).config_from_hf(read_hf_config(init_from_hf, "causal LM"))
-    )
+    hf = decoder_converter(init_from_hf).config_from_hf(read_hf_config(init_from_hf, "causal LM"))
+    return config_spec(hf) | {"activation_checkpointing": bool(spec.get("activation_checkpointing"))}
 
 
 def load_hf_decoder(task: Task, path: str, what: str) -> GPT:
