@@ -14,7 +14,12 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from lit_transformers.utils.checkpoints import check_task_fits, read_checkpoint, use_checkpoint_tokenizers
+from lit_transformers.utils.checkpoints import (
+    check_task_fits,
+    read_checkpoint,
+    read_tokenizer_checkpoints,
+    use_checkpoint_tokenizers,
+)
 from lit_transformers.utils.cluster import launcher_rank
 from lit_transformers.utils.config import (
     RESOLVED_CONFIG_ENV,
@@ -90,6 +95,7 @@ def train(cfg: DictConfig) -> TrainResult:
     for key, path in [("ckpt_path", cfg.ckpt_path), *(("init_from", p) for p in parents)]:
         if path and not Path(path).is_file():  # before any data preparation
             raise FileNotFoundError(f"{key}={path} not found; pass the path of a .ckpt file")
+    read_tokenizer_checkpoints(cfg.data, cfg.trust_checkpoint, cfg.paths.output_dir)
 
     # the task builds its models, optimizer and schedule from its plain config (kept as its hyperparameters)
     task: L.LightningModule = instantiate(cfg.task, _recursive_=False, _convert_="all")

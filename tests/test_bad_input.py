@@ -3,13 +3,21 @@ corrupt and transparent images, binary and mis-encoded corpora, an unreachable H
 
 from __future__ import annotations
 
+import errno
+import fractions
+import json
 import logging
+import os
 import re
 import sys
 import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from lit_transformers.data import (
@@ -23,9 +31,13 @@ from lit_transformers.data.captions import ImageFiles
 from lit_transformers.data.corpus import fingerprint
 from lit_transformers.data.image_io import SkipUnreadable, _log_once
 from lit_transformers.train import train
+from lit_transformers.utils.errors import report_user_errors
 
-from conftest import TINY_LM, assert_user_error
+from conftest import TINY_LM, TINY_TRAINER, assert_user_error, train_cli
 from image_helpers import write_image_folder
+from test_bert_classify import write_locale
+from test_instructgpt import TINY as TINY_INSTRUCT
+from test_instructgpt import TINY_DATA
 
 FRENCH = "Le café est très bon.\n\nÀ la maison, nous mangeons des crêpes.\n\nThe next paragraph is English.\n"
 
@@ -161,3 +173,185 @@ def test_batch_size_zero_names_data_batch_size(compose_cfg):
 def test_image_datamodules_reject_batch_size_zero_naming_the_key(datamodule):
     with pytest.raises(ValueError, match="data.batch_size=0"):
         datamodule(batch_size=0)
+
+
+# ---- files that cannot be loaded, and a disk that fills up: one paragraph each, exit 1 ----------------------
+
+
+def _cut_in_half(source: Path, to: Path) -> Path:
+    """A copy of ``source`` cut short, as an interrupted download or copy leaves it."""
+    data = source.read_bytes()
+    to.write_bytes(data[: len(data) // 2])
+    return to
+
+
+def _pickled(checkpoint: Path, to: Path) -> Path:
+    """``checkpoint`` with an object outside torch's weights-only allowlist: loading it unpickles code."""
+    saved = torch.load(checkpoint, weights_only=True)
+    saved["note"] = fractions.Fraction(1, 3)
+    torch.save(saved, to)
+    return to
+
+
+def _saved(state: dict, to: Path) -> Path:
+    torch.save(state, to)
+    return to
+
+
+def _hf_bert_folder(folder: Path, weights: str) -> Path:
+    """A Hugging Face BERT folder whose config is right and whose weights file ``weights`` is broken."""
+    folder.mkdir()
+    config = {"model_type": "bert", "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 1}
+    config |= {"num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 48}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / weights).write_bytes(b"\x00 not what save_pretrained writes " * 4)
+    return folder
+
+
+def _classify(tmp_path: Path, *overrides: str) -> list[str]:
+    locale = write_locale(tmp_path / "locale", n_messages=10)
+    return [
+        "experiment=bert_classify",
+        f"data.path={locale}",
+        "data.languages=[de,fr,es]",
+        *TINY_TRAINER,
+        *overrides,
+    ]
+
+
+def _disk_full_on_save(monkeypatch) -> None:
+    """torch.save writes a first part of the checkpoint, then the disk is full."""
+
+    def save(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 first bytes of the checkpoint")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", save)
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A run that must end in one paragraph naming ``needles``, exit 1: ``overrides`` given a folder and the tiny
+    GPT checkpoint; ``setup`` given pytest's monkeypatch; with ``launcher_env``, through the real command line
+    (a fresh process with those variables), where Hydra itself meets the problem."""
+
+    overrides: Callable[[Path, Path], list[str]]
+    needles: tuple[str, ...]
+    setup: Callable | None = None
+    launcher_env: dict[str, str] | None = None
+
+
+# a second torchrun node, started with --master_addr but no --rdzv-id
+TORCHRUN_WITHOUT_JOB_ID = {"TORCHELASTIC_RUN_ID": "none", "RANK": "1", "GROUP_RANK": "1", "LOCAL_RANK": "0"}
+TORCHRUN_WITHOUT_JOB_ID |= {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+
+REFUSED = {
+    "tokenizer_path=<truncated ckpt>": Refused(
+        lambda tmp, ckpt: [*TINY_LM, f"data.tokenizer_path={_cut_in_half(ckpt, tmp / 'cut.ckpt')}"],
+        ("data.tokenizer_path=", "truncated or corrupt"),
+    ),
+    "tokenizer_path=<pickled ckpt>": Refused(
+        lambda tmp, ckpt: [*TINY_LM, f"data.tokenizer_path={_pickled(ckpt, tmp / 'pickled.ckpt')}"],
+        (
+            "data.tokenizer_path=",
+            "fractions.Fraction",
+            "If you trust where it came from, set trust_checkpoint=true",
+        ),
+    ),
+    "init_from_hf=<bad pytorch_model.bin>": Refused(
+        lambda tmp, _: _classify(
+            tmp, f"task.init_from_hf={_hf_bert_folder(tmp / 'hf', 'pytorch_model.bin')}"
+        ),
+        ("pytorch_model.bin (task.init_from_hf=", "truncated or corrupt", "Download the checkpoint again"),
+    ),
+    "init_from_hf=<bad model.safetensors>": Refused(
+        lambda tmp, _: _classify(
+            tmp, f"task.init_from_hf={_hf_bert_folder(tmp / 'hf', 'model.safetensors')}"
+        ),
+        ("model.safetensors (task.init_from_hf=", "truncated or corrupt (SafetensorError"),
+    ),
+    "timm pretrained_file=<truncated>": Refused(
+        lambda tmp, ckpt: [
+            "experiment=vit",
+            *TINY_TRAINER,
+            "model.backbone.pretrained=true",
+            f"model.backbone.pretrained_file={_cut_in_half(ckpt, tmp / 'vit.pth')}",
+        ],
+        ("model.backbone.pretrained_file=", "truncated or corrupt"),
+    ),
+    "timm pretrained_file=<weights of another size>": Refused(
+        lambda tmp, _: [
+            "experiment=vit",
+            *TINY_TRAINER,
+            "model.backbone.pretrained=true",
+            f"model.backbone.pretrained_file={_saved({'cls_token': torch.zeros(1, 1, 7)}, tmp / 'other.pth')}",
+        ],
+        ("model.backbone.pretrained_file=", "does not fit timm model", "size mismatch for cls_token"),
+    ),
+    "disk full while saving a checkpoint": Refused(
+        lambda tmp, _: [*TINY_LM, "trainer.max_steps=2"],
+        ("No space left", "nothing partial was left", "hydra.run.dir=<folder>"),
+        setup=_disk_full_on_save,
+    ),
+    "torchrun on two nodes without --rdzv-id": Refused(
+        lambda tmp, _: [*TINY_LM, f"paths.log_dir={tmp}"],
+        ("several nodes without a job id", "--rdzv-id=<job id>"),
+        launcher_env=TORCHRUN_WITHOUT_JOB_ID,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=[pytest.mark.cli] if REFUSED[c].launcher_env else []) for c in REFUSED]
+)
+def test_unloadable_files_a_full_disk_and_torchrun_without_a_job_id_end_in_one_paragraph(
+    case, compose_cfg, tmp_path, tiny_lm_run, monkeypatch, capsys
+):
+    refused = REFUSED[case]
+    overrides = [
+        *refused.overrides(tmp_path, tiny_lm_run / "checkpoints" / "last.ckpt"),
+        "test=false",
+        "sample=null",
+    ]
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    if refused.launcher_env:
+        result = train_cli(*overrides, env=refused.launcher_env)
+        code, stderr = result.returncode, result.stderr
+    else:
+        cfg = compose_cfg(*overrides)
+        if refused.setup:
+            refused.setup(monkeypatch)
+        # report_user_errors: what the command line does with the error
+        with pytest.raises(SystemExit) as exit_code, report_user_errors():
+            train(cfg)
+        code, stderr = exit_code.value.code, capsys.readouterr().err
+    assert code == 1 and "Traceback" not in stderr, stderr
+    message = stderr[stderr.index("Error (") :].strip().splitlines()
+    assert len(message) == 2 and "HYDRA_FULL_ERROR=1" in message[1], message  # one paragraph, then the hint
+    for needle in refused.needles:
+        assert needle in message[0], (needle, message[0])
+    assert "weights_only=False" not in message[0]  # torch's advice, which would run the file's code
+    assert not list(tmp_path.glob("**/*.partial")) and not list(tmp_path.glob("checkpoints/*.ckpt"))
+
+
+@pytest.mark.parametrize(
+    "overrides,key,context",
+    [
+        (
+            ["experiment=bert_classify", "model=bert_tiny", "data.max_seq_len=200"],
+            "data.max_seq_len",
+            "max_position",
+        ),
+        (
+            ["experiment=gpt_sft", *TINY_INSTRUCT, *TINY_DATA, "data.max_length=64"],
+            "data.max_length",
+            "block_size",
+        ),
+        ([*TINY_LM, "data.block_size=48"], "data.block_size", "block_size"),
+    ],
+)
+def test_data_longer_than_the_models_context_is_refused_before_training(overrides, key, context, compose_cfg):
+    """A sequence bound above the model's context would crash at the first batch that reaches it, after steps
+    and with no checkpoint; the run refuses it up front, naming both keys."""
+    cfg = compose_cfg(*overrides, "trainer.max_steps=2")
+    assert_user_error(lambda: train(cfg), f"{key}=", f"model.{context}=", f"raise model.{context}")

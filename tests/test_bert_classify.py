@@ -157,10 +157,12 @@ def test_fast_dev_run_bert_classify_on_generated_catalogs(compose_cfg, tmp_path)
 
 def test_classifier_learns_language_id_and_logs_a_labelled_confusion_matrix(compose_cfg, tmp_path):
     locale = write_locale(tmp_path / "locale")
+    # 4 heads of 16: with the tiny model's 2 heads of 16, about one run in three stalls with two languages merged
+    # (the WordPiece ids, and so the run, differ at every training of the tokenizer: huggingface/tokenizers#1794)
     cfg = _classify(
-        compose_cfg, locale, "data.languages=[de,fr,es]", "trainer.max_steps=80", "trainer.val_check_interval=40",
-        "trainer.limit_val_batches=null", "trainer.limit_test_batches=null", "task.optimizer.lr=3e-3",
-        "task.scheduler.warmup_steps=5",
+        compose_cfg, locale, "data.languages=[de,fr,es]", "model.d_model=64", "model.n_head=4", "trainer.max_steps=80",
+        "trainer.val_check_interval=40", "trainer.limit_val_batches=null", "trainer.limit_test_batches=null",
+        "task.optimizer.lr=3e-3", "task.scheduler.warmup_steps=5",
     )  # fmt: skip
     metrics = train(cfg).metrics
     assert metrics["test/acc"] > 0.8  # three languages with disjoint vocabularies; chance is 1/3

@@ -15,6 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from lit_transformers.generate import continuations
+from lit_transformers.text import Tokenizer
 from lit_transformers.train import train
 from lit_transformers.utils.checkpoints import read_checkpoint
 
@@ -64,6 +65,22 @@ def test_a_checkpoint_with_pickled_objects_is_refused_unless_trusted(checkpoints
     test_only = [*TINY_LM, "train=false", "sample=null", f"ckpt_path={path}"]
     assert_user_error(lambda: train(compose_cfg(*test_only)), str(path), "trust_checkpoint=true")
     assert "test/loss" in train(compose_cfg(*test_only, "trust_checkpoint=true")).metrics
+
+
+def test_a_pickled_tokenizer_path_is_read_only_when_trusted(checkpoints, compose_cfg, tmp_path):
+    checkpoint = torch.load(checkpoints["gpt"], weights_only=True)
+    checkpoint["note"] = fractions.Fraction(1, 3)
+    # not the tokenizer that the run would train on its own corpus
+    tokenizer = Tokenizer.train(["a tokenizer of its own, from another text"] * 4, "bpe", vocab_size=280)
+    checkpoint["hyper_parameters"]["tokenizer"] = tokenizer.state()
+    path = tmp_path / "pickled.ckpt"
+    torch.save(checkpoint, path)
+    run = [*TINY_LM, "trainer.max_steps=2", "test=false", "sample=null", f"data.tokenizer_path={path}"]
+    untrusted = [f"data.tokenizer_path={path}", "trust_checkpoint=true"]  # what the refusal names
+    assert_user_error(lambda: train(compose_cfg(*run)), *untrusted)
+    train(compose_cfg(*run, "trust_checkpoint=true"))
+    trained_with = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["hyper_parameters"]
+    assert Tokenizer.from_state(trained_with["tokenizer"]) == tokenizer
 
 
 @pytest.mark.cli

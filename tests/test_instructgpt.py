@@ -143,7 +143,9 @@ def test_hub_dataset_with_trl_columns_is_read_and_bad_rows_are_named(monkeypatch
     with pytest.raises(ValueError, match=r"me/sft\[1\]: column 'completion' is missing"):
         read_hub("me/sft", None, "train", ("prompt", "completion"))
     rows.pop()
-    assert read_hub("me/sft", None, "train", ("prompt", "completion")) == [dict(rows[0])]
+    assert read_hub("me/sft", None, "train", ("prompt", "completion")) == [
+        dict(rows[0]) | {"where": "me/sft[0]"}
+    ]
     with pytest.raises(KeyError, match="no column"):
         read_hub("me/sft", None, "train", ("prompt", "chosen", "rejected"))
 

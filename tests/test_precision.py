@@ -98,11 +98,20 @@ def test_every_family_trains_in_bf16_mixed_with_fused_adamw_and_clipping(compose
     assert_trained_with_clipped_gradients(*step_grad_norms(cfg))
 
 
+@pytest.mark.parametrize(
+    "fused", [True, False]
+)  # the fused step unscales itself; Lightning unscales the other
 @pytest.mark.parametrize("family", ["gpt_pretrain", "gpt_ppo"])  # automatic and manual clipping
-def test_16_mixed_with_a_grad_scaler_unscales_before_clipping(compose_cfg, tmp_path, family):
+def test_16_mixed_with_a_grad_scaler_unscales_before_clipping(compose_cfg, tmp_path, family, fused):
     # Lightning turns trainer.precision=16-mixed into bf16-mixed on CPU; its plugin, given directly, keeps fp16
     # autocast and a GradScaler, the path CUDA's 16-mixed takes
-    cfg = compose_cfg(*FAMILIES[family](tmp_path), *SHORT, "trainer.precision=null")
+    overrides = [
+        *FAMILIES[family](tmp_path),
+        *SHORT,
+        "trainer.precision=null",
+        f"task.optimizer.fused={fused}",
+    ]
+    cfg = compose_cfg(*overrides)
     with open_dict(cfg):
         cfg.trainer.plugins.append(
             {

@@ -24,6 +24,9 @@ class TextDataModule(CollatedSplits):
     tokenizer_kind = "bpe"  # the kind trained when the family has no ``tokenizer`` argument to choose it
     # arguments that change how examples are batched or where files go, never the texts a tokenizer learns from
     tokenizer_independent = frozenset({"batch_size", "num_workers", "cache_dir", "tokenizer_path"})
+    length_key: str | None = (
+        None  # the argument bounding every split's sequences, in tokens (e.g. max_seq_len)
+    )
 
     def __init__(
         self,
@@ -42,6 +45,14 @@ class TextDataModule(CollatedSplits):
             check_batch_size(self.hparams.batch_size)
         self.tokenizer: Tokenizer | None = None
         self.datasets: dict = {}
+
+    @property
+    def longest_sequence(self) -> tuple[str, int] | None:
+        """(``data.<length_key>``, its value): the longest sequence of every split, which a task checks against
+        its model's context before training; None when the family sets no such bound."""
+        if self.length_key is None:
+            return None
+        return f"data.{self.length_key}", self.hparams[self.length_key]
 
     @cached_property
     def tokenizer_identity(self) -> dict:

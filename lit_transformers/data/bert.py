@@ -66,6 +66,7 @@ class MaskedLMDataModule(CorpusDataModule):
     enough pairs that NSP accuracy is not dominated by the draw of boundaries and partners."""
 
     tokenizer_kind = "wordpiece"
+    length_key = "max_seq_len"
     tokenizer_independent = TextDataModule.tokenizer_independent | {
         "max_seq_len",
         "short_seq_prob",

@@ -34,7 +34,7 @@ from lit_transformers.text import (
     right_pad,
     split_by_fractions,
 )
-from lit_transformers.text.instructions import make_examples
+from lit_transformers.text.instructions import informative, make_examples
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +61,16 @@ def read_jsonl(path: str | Path, fields: tuple[str, ...], encoding: str = "utf-8
 
 
 def text_records(records: list[Record], fields: tuple[str, ...], source: str) -> list[dict]:
-    """The fields of every record, once each of ``fields`` holds text (an empty string is text)."""
+    """The fields of every record, once each of ``fields`` holds text (an empty string is text), and its
+    ``where`` (``file:line``) for the messages of
+    :func:`lit_transformers.text.instructions.informative`."""
     if not records:
         raise ValueError(f"{source} holds no records")
     for record in records:
         for name in fields:
             record.text(name, empty=True)
         record.text("answer", optional=True, empty=True)  # the judge compares it with generated text
-    return [dict(record.fields) for record in records]
+    return [dict(record.fields) | {"where": record.where} for record in records]
 
 
 def read_hub(name: str, subset: str | None, split: str, fields: tuple[str, ...]) -> list[dict]:
@@ -201,6 +203,7 @@ def collate(items: list[dict], format: str, pad_id: int, packing: bool = False, 
 
 
 class InstructionDataModule(TextDataModule):
+    length_key = "max_length"
     tokenizer_independent = TextDataModule.tokenizer_independent | {
         "max_prompt_length",
         "max_length",
@@ -243,6 +246,12 @@ class InstructionDataModule(TextDataModule):
             raise ValueError(
                 f"data.source={source!r}: choose embedded, jsonl (with data.path=<file.jsonl>) or hub"
             )
+        if not 2 <= max_prompt_length < max_length:
+            raise ValueError(
+                f"data.max_prompt_length={max_prompt_length} must be at least 2 (BOS and a token) and below"
+                f" data.max_length={max_length} (model.block_size by default), which holds prompt and response"
+                " together; lower data.max_prompt_length or raise model.block_size"
+            )
         self._records: dict[str, list[dict]] | None = None
 
     def records(self) -> dict[str, list[dict]]:
@@ -252,6 +261,7 @@ class InstructionDataModule(TextDataModule):
             if h.source == "embedded":
                 words = common_words(CorpusSpec(**(h.corpus or {})), h.n_words)
                 records = make_examples(words, h.n_examples, list(h.kinds), h.min_words, h.max_words, h.seed)
+                records = [r | {"where": f"embedded example {i}"} for i, r in enumerate(records)]
             elif h.source == "jsonl":
                 records = read_jsonl(h.path, FIELDS[h.format], h.encoding)
             else:
@@ -274,30 +284,43 @@ class InstructionDataModule(TextDataModule):
         """The training records' prompts and completions (pairs: their chosen responses)."""
         return [r["prompt"] + r.get("completion", r.get("chosen", "")) for r in self.records()["train"]]
 
-    def encode(self, record: dict) -> dict:
+    def encode(self, record: dict) -> tuple[dict, bool]:
+        """Token lists of a record, and whether they were cut: the prompt to its last ``max_prompt_length``
+        tokens (BOS kept), each response to the room left within ``max_length``."""
         tok, h = self.tokenizer, self.hparams
-        prompt = [tok.bos_id, *tok.encode(record["prompt"])]
-        prompt = prompt[:1] + prompt[1:][-(h.max_prompt_length - 1) :]  # keep BOS and the prompt's end
-        item = {"prompt": prompt, "answer": record.get("answer")}
-        room = max(h.max_length - len(prompt), 1)
+        full = [tok.bos_id, *tok.encode(record["prompt"])]
+        prompt = full[:1] + full[1:][-(h.max_prompt_length - 1) :]  # keep BOS and the prompt's end
+        item, cut = {"prompt": prompt, "answer": record.get("answer")}, len(prompt) < len(full)
+        room = h.max_length - len(prompt)  # at least 1: max_prompt_length < max_length
         for field in FIELDS[h.format][1:]:
-            item[field] = [*tok.encode(record[field]), tok.eos_id][:room]
-        if h.format == "sft":
-            item["completion"] = item["completion"][: room + 1]  # inputs drop the last token
-        return item
+            response = [*tok.encode(record[field]), tok.eos_id]
+            item[field], cut = response[:room], cut or len(response) > room
+        return item, cut
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
         self.tokenizer = self.load_tokenizer()
+        h = self.hparams
+        source = f"data.source=embedded ({h.n_examples} examples)" if h.source == "embedded" else h.path
+        n_cut = {}
         for name, records in self.records().items():
             if not records:
                 raise ValueError(f"The {name} split is empty; raise data.val_fraction/data.test_fraction")
-            self.datasets[name] = [self.encode(r) | {"index": i} for i, r in enumerate(records)]
-        h = self.hparams
+            encoded = [self.encode(r) for r in records]
+            items = [item for item, _ in encoded]
+            kept = informative(h.format, name, records, items, source)
+            self._records[name] = [records[i] for i in kept]  # what the label stage pairs with the items
+            self.datasets[name] = [items[i] | {"index": j} for j, i in enumerate(kept)]
+            n_cut[name] = sum(encoded[i][1] for i in kept)
         self.collate = partial(
             collate, format=h.format, pad_id=self.tokenizer.pad_id, packing=h.packing, width=h.max_length
         )
-        log.info(
-            "Instruction records (%s): %s", self.hparams.format, {k: len(v) for k, v in self.datasets.items()}
-        )
+        log.info("Instruction records (%s): %s", h.format, {k: len(v) for k, v in self.datasets.items()})
+        if any(n_cut.values()):
+            log.info(
+                "Records cut to data.max_prompt_length=%d prompt and data.max_length=%d tokens in all: %s",
+                h.max_prompt_length,
+                h.max_length,
+                n_cut,
+            )

@@ -40,6 +40,7 @@ class TokenWindows(Dataset):
 
 
 class CausalLMDataModule(CorpusDataModule):
+    length_key = "block_size"
     tokenizer_independent = TextDataModule.tokenizer_independent | {
         "block_size",
         "shards_dir",

@@ -60,6 +60,7 @@ class TextClassificationDataModule(TextDataModule):
     trained on the training texts (``vocab_size``, ``lowercase``); ``max_seq_len``; the split fractions."""
 
     tokenizer_kind = "wordpiece"
+    length_key = "max_seq_len"
     tokenizer_independent = TextDataModule.tokenizer_independent | {"max_seq_len"}
 
     def __init__(

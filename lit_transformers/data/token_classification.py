@@ -80,6 +80,7 @@ class TokenClassificationDataModule(TextDataModule):
     val/test files are an error naming them."""
 
     tokenizer_kind = "wordpiece"
+    length_key = "max_seq_len"
     tokenizer_independent = TextDataModule.tokenizer_independent | {"max_seq_len"}
 
     def __init__(

@@ -139,15 +139,18 @@ class BERT(nn.Module):
     # ---- Hugging Face BERT interoperability --------------------------------------------------
 
     @classmethod
-    def from_hf(cls, path_or_model, pretraining_heads: bool | None = None) -> BERT:
+    def from_hf(
+        cls, path_or_model, pretraining_heads: bool | None = None, trust_checkpoint: bool = False
+    ) -> BERT:
         """Load a Hugging Face BERT: a local directory (``config.json`` + ``model.safetensors`` or
         ``pytorch_model.bin``; ``BertModel``, ``BertForPreTraining``/``BertForMaskedLM`` or a
-        sentence-transformers root) or a ``transformers`` model object. ``pretraining_heads`` defaults to
+        sentence-transformers root; a ``.bin`` that needs unpickling only with ``trust_checkpoint``) or a
+        ``transformers`` model object. ``pretraining_heads`` defaults to
         whether the checkpoint has an MLM head; False drops them. Other weights it cannot hold (a
         ``BertForSequenceClassification``'s classifier) are refused by name."""
         from lit_transformers.models.hf_bert import from_hf
 
-        return from_hf(cls, path_or_model, pretraining_heads)
+        return from_hf(cls, path_or_model, pretraining_heads, trust_checkpoint)
 
     def to_hf(self, save_dir: str | Path | None = None):
         """Export as ``transformers.BertForPreTraining`` (with heads) or ``BertModel``; ``save_pretrained``

@@ -92,10 +92,10 @@ def hf_config(c):
     )
 
 
-def from_hf(cls, path_or_model, pretraining_heads: bool | None = None):
+def from_hf(cls, path_or_model, pretraining_heads: bool | None = None, trust_checkpoint: bool = False):
     """``cls`` holding a HF BERT's weights; ``pretraining_heads`` defaults to whether the checkpoint has an
     MLM head (``cls.predictions``), False drops the heads it has."""
-    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY)
+    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY, trust_checkpoint)
     has_mlm = any(key.startswith("cls.predictions.") for key in hf_state)
     heads = has_mlm if pretraining_heads is None else pretraining_heads
     if heads and not has_mlm:

@@ -27,6 +27,8 @@ from types import ModuleType
 import torch
 from torch import nn
 
+from lit_transformers.utils.checkpoints import read_weights
+
 log = logging.getLogger(__name__)
 
 # HF ``hidden_act`` / ``activation_function`` -> ours (``nn.blocks.ACTIVATIONS``); export writes the first HF
@@ -48,6 +50,9 @@ LAYOUTS: dict[str, tuple[Callable, Callable]] = {
     "transposed": (lambda t: t.t().contiguous(), lambda t: t.t().contiguous()),
     # Marian's final_logits_bias is a (1, vocab) row; our logits bias a (vocab,) vector
     "row": (lambda t: t.reshape(-1), lambda t: t[None]),
+    # timm keeps a ViT's class token as (1, 1, W) and its position table as (1, N, W); CLIPs as (W,), (N, W)
+    "token": (lambda t: t.reshape(1, 1, -1), lambda t: t.reshape(-1)),
+    "sequence": (lambda t: t[None], lambda t: t[0]),
 }
 
 
@@ -138,21 +143,25 @@ def load_hf_checkpoint(
 ) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config dict, state dict) from a ``transformers`` model object or a local checkpoint directory
     (``model.safetensors``, sharded ones with their ``model.safetensors.index.json``, or ``pytorch_model.bin``,
-    the latter read with ``weights_only`` unless ``trust_checkpoint``)."""
+    the latter read weights-only unless ``trust_checkpoint``); a truncated, corrupt or (untrusted) pickled
+    weights file is refused in one paragraph naming it (``read_weights``)."""
     if isinstance(path_or_model, nn.Module):
         return path_or_model.config.to_dict(), path_or_model.state_dict()
     path = Path(path_or_model).expanduser()
     config = read_hf_config(path, family)
-    if (path / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        state = load_file(str(path / "model.safetensors"))
-    elif (path / SHARD_INDEX).is_file():
-        state = read_sharded_safetensors(path)
-    elif (path / "pytorch_model.bin").is_file():
-        state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=not trust_checkpoint)
-    else:
+    if (path / SHARD_INDEX).is_file() and not (path / "model.safetensors").is_file():
+        return config, read_sharded_safetensors(path)
+    found = [path / name for name in ("model.safetensors", "pytorch_model.bin") if (path / name).is_file()]
+    if not found:
         raise FileNotFoundError(f"No model.safetensors or pytorch_model.bin in {path}")
+    state = read_weights(
+        found[0],
+        f"{found[0]} (task.init_from_hf={path})",
+        trusted=trust_checkpoint,
+        pickled_fix="If you trust where it came from, add trust_checkpoint=true, or save its weights as "
+        "model.safetensors (transformers: save_pretrained), which holds tensors only",
+        corrupt_fix="Download the checkpoint again",
+    )
     return config, state
 
 
@@ -163,13 +172,14 @@ SHARD_INDEX = (
 
 def read_sharded_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a checkpoint saved in shards, read through the index that names their files."""
-    from safetensors.torch import load_file
-
     shards = sorted(set(json.loads((path / SHARD_INDEX).read_text())["weight_map"].values()))
     missing = [name for name in shards if not (path / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{path / SHARD_INDEX} names shards that are not there: {missing}")
-    return {key: t for name in shards for key, t in load_file(str(path / name)).items()}
+    tensors = {}
+    for name in shards:
+        tensors.update(read_weights(path / name, f"{path / name} (task.init_from_hf={path})"))
+    return tensors
 
 
 def checkpoint_dtype(path_or_model, hf_config: dict, hf_state: dict[str, torch.Tensor]) -> torch.dtype:

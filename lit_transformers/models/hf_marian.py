@@ -145,15 +145,17 @@ def _check_positions(hf_state: dict[str, torch.Tensor], config: Seq2SeqConfig) -
             raise ValueError(f"{key} is not the sinusoidal [sin | cos] table that Marian computes")
 
 
-def read_config(path_or_model) -> Seq2SeqConfig:
+def read_config(path_or_model, trust_checkpoint: bool = False) -> Seq2SeqConfig:
     """Our config for a Marian checkpoint (whether its embeddings are shared is read from the weights)."""
-    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY)
+    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY, trust_checkpoint)
     return config_from_hf(hf, embeddings_shared(hf, hf_state))
 
 
-def from_hf(cls: type[Seq2SeqTransformer], path_or_model) -> Seq2SeqTransformer:
+def from_hf(
+    cls: type[Seq2SeqTransformer], path_or_model, trust_checkpoint: bool = False
+) -> Seq2SeqTransformer:
     """``cls`` holding a ``MarianMTModel`` object's or a local Marian checkpoint directory's weights."""
-    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY)
+    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY, trust_checkpoint)
     model = cls(config_from_hf(hf, embeddings_shared(hf, hf_state)))
     _check_positions(hf_state, model.config)
     # transformers drops an all-zero final_logits_bias on load; a checkpoint without one has none

@@ -276,11 +276,12 @@ class Seq2SeqTransformer(nn.Module):
     # ---- Hugging Face Marian interoperability ----------------------------------------------------
 
     @classmethod
-    def from_hf(cls, path_or_model) -> Seq2SeqTransformer:
-        """Load a Hugging Face Marian (OPUS-MT) model: a local directory or a ``MarianMTModel``."""
+    def from_hf(cls, path_or_model, trust_checkpoint: bool = False) -> Seq2SeqTransformer:
+        """Load a Hugging Face Marian (OPUS-MT) model: a local directory or a ``MarianMTModel`` (a ``.bin`` that
+        needs unpickling only with ``trust_checkpoint``)."""
         from lit_transformers.models.hf_marian import from_hf
 
-        return from_hf(cls, path_or_model)
+        return from_hf(cls, path_or_model, trust_checkpoint)
 
     def to_hf(self, save_dir: str | Path | None = None):
         """Export as ``transformers.MarianMTModel`` (and ``save_pretrained`` it when save_dir is given)."""

@@ -188,9 +188,14 @@ class ClipLoss(nn.Module):
         all_gather: AllGather | None = None,
         rank: int = 0,
         world_size: int = 1,
+        valid: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """image_features, text_features: (B, E) normalised; logit_scale: exp(learned log-scale)."""
+        """image_features, text_features: (B, E) normalised; logit_scale: exp(learned log-scale). ``valid``: (B,)
+        bool, False for rows that must not count (under DDP, evaluation's repeats of pairs that other batches
+        hold): left out of the mean and as every row's negatives; the loss is then the mean over the valid rows
+        (0 when there are none)."""
         B = image_features.size(0)
+        rows = None
         if world_size == 1:
             logits_image = logit_scale * image_features @ text_features.T  # (B, B)
             logits_text, labels = logits_image.T, torch.arange(B, device=image_features.device)
@@ -207,6 +212,13 @@ class ClipLoss(nn.Module):
                     logits_image.T,
                     torch.arange(world_size * B, device=image_features.device),
                 )
-        return (
-            F.cross_entropy(logits_image.float(), labels) + F.cross_entropy(logits_text.float(), labels)
+            if valid is not None:
+                columns = all_gather(valid).flatten()  # (W*B,)
+                logits_image = logits_image.masked_fill(~columns, float("-inf"))
+                logits_text = logits_text.masked_fill(~columns, float("-inf"))
+                rows = valid if self.local_loss else columns
+        per_row = (
+            F.cross_entropy(logits_image.float(), labels, reduction="none")
+            + F.cross_entropy(logits_text.float(), labels, reduction="none")
         ) / 2
+        return per_row.mean() if rows is None else per_row[rows].sum() / rows.sum().clamp(min=1)

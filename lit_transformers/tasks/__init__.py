@@ -21,5 +21,6 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "sft": ["SFTTask"],
         "token_classification": ["TokenClassificationTask"],
         "translation": ["TranslationTask"],
+        "zero_shot": ["ZeroShotTask"],
     },
 )

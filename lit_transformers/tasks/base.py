@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
-from torchmetrics import MaxMetric, MinMetric
+from torchmetrics import MaxMetric, MeanMetric, MinMetric
 
 from lit_transformers.contract import check_data
 from lit_transformers.tasks.optim import decay_groups, unrefused_clipping
@@ -88,6 +88,9 @@ class Task(L.LightningModule):
     data_needs: tuple[type, ...] = ()  # protocols of lit_transformers.contract the datamodule must satisfy
     # a task meant to start from a parent checkpoint: what to pass, named by the warning when init_from is unset
     init_from_hint: str | None = None
+    # the field of the first model's config that bounds its input length (GPT's block_size, BERT's max_position):
+    # checked against the data's longest sequence before training, not at the first batch that exceeds it
+    context_field: str | None = None
 
     def __init__(
         self,
@@ -103,6 +106,7 @@ class Task(L.LightningModule):
         self.tokenizer = Tokenizer.from_state(tokenizer) if tokenizer else None
         self.data = None  # the datamodule, set by connect_data
         self._built = False
+        self.eval_means = nn.ModuleDict()  # the running means of log_mean, one per logged key
 
     # ---- data ----------------------------------------------------------------------------------
 
@@ -193,6 +197,7 @@ class Task(L.LightningModule):
             setattr(self, name, module)
         self.model_names = list(models)
         self._built = True
+        self._check_context(models[self.model_names[0]])
         if self.hparams.init_from:
             self._load_init_from(self.hparams.init_from)
             # the weights now live in this task's own checkpoints; reloading them must not need the parent file
@@ -202,6 +207,18 @@ class Task(L.LightningModule):
         if self.hparams.compile:
             for name in self.trainable_models():
                 getattr(self, name).compile()  # in place: state-dict names stay free of "_orig_mod."
+
+    def _check_context(self, model: nn.Module) -> None:
+        longest = getattr(self.data, "longest_sequence", None)
+        if self.context_field is None or longest is None:
+            return
+        key, length = longest
+        context = getattr(model.config, self.context_field)
+        if length > context:
+            raise ValueError(
+                f"{key}={length} is longer than the model's context, model.{self.context_field}={context}, and a "
+                f"batch that long would fail mid-training; lower {key} or raise model.{self.context_field}"
+            )
 
     def trainable_models(self) -> list[str]:
         return [name for name in self.model_names if name not in self.frozen]
@@ -293,6 +310,28 @@ class Task(L.LightningModule):
             self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), on_step=True, on_epoch=False)
 
     # ---- metrics and files -----------------------------------------------------------------------
+
+    def eval_mean(self, key: str) -> MeanMetric:
+        """The running mean behind :meth:`log_mean`'s ``key``, made at its first use (on this task's device)."""
+        if key not in self.eval_means:
+            self.eval_means[key] = MeanMetric().to(self.device)
+        return self.eval_means[key]
+
+    def log_mean(
+        self, key: str, values: torch.Tensor, weight: torch.Tensor | float = 1.0, prog_bar: bool = False
+    ) -> None:
+        """Log the validation or test value ``key`` as its mean over every sample (or token) of the split, all
+        batches and ranks together: ``values`` holds one value per sample (weight 1 each), or is a batch mean
+        that stands for ``weight`` samples or tokens. The sums of value x weight and of weight are all-reduced
+        before the division, so 2 DDP ranks log what 1 process logs, whatever their shares of the split.
+        (``self.log(..., sync_dist=True)`` does not: Lightning divides the ranks' summed batch sizes by the
+        world size as integers, so 13 samples on 2 ranks count as 12.) Lightning computes and resets the mean
+        at epoch end; read it then from ``trainer.callback_metrics[key]``."""
+        metric = self.eval_mean(key)
+        metric.update(values, weight)
+        self.log(
+            key, metric, on_step=False, on_epoch=True, prog_bar=prog_bar, metric_attribute=f"eval_means.{key}"
+        )
 
     def track_best(self, key: str, mode: str) -> None:
         """Keep the best (``mode``: min or max) validation ``key`` for :meth:`log_best`, in a tracker saved in

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from torchmetrics import MeanMetric
 
 from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPT, GPTConfig
@@ -46,13 +45,11 @@ class CausalLMTask(Task):
     in :class:`Task`."""
 
     data_needs = (TokenizedText,)
+    context_field = "block_size"
 
     def __init__(self, model: dict | GPTConfig, init_from_hf: str | None = None, **task_args):
         model = decoder_spec(model, init_from_hf)
         super().__init__(**task_args)
-        # token-weighted means (sum of token losses / token count, over batches and ranks): val/ppl is
-        # exactly exp(val/loss), and padded or prompt-masked batches weigh by their real targets
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.track_best("val/loss", "min")
 
     def build_model(self) -> GPT:
@@ -80,16 +77,17 @@ class CausalLMTask(Task):
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         return loss
 
-    def _eval_step(self, batch, stage: str, mean: MeanMetric) -> None:
+    def _eval_step(self, batch, stage: str) -> None:
         total, count = self._step(batch)
-        mean.update(token_mean(total, count), weight=count)
-        self.log(f"{stage}/loss", mean, on_epoch=True, prog_bar=stage == "val")
+        # token-weighted (sum of token losses / token count, over batches and ranks): val/ppl is exactly
+        # exp(val/loss), and padded or prompt-masked batches weigh by their real targets
+        self.log_mean(f"{stage}/loss", token_mean(total, count), count, prog_bar=stage == "val")
 
     def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, "val", self.val_loss)
+        self._eval_step(batch, "val")
 
     def test_step(self, batch, batch_idx):
-        self._eval_step(batch, "test", self.test_loss)
+        self._eval_step(batch, "test")
 
     def on_validation_epoch_end(self):
         self.log_ppl("val")

@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 from torchmetrics.functional.classification import multiclass_accuracy
 
 from lit_transformers.contract import RetrievalTargets
+from lit_transformers.models import hf_clip, hf_convert
 from lit_transformers.models.clip import CLIP, CLIPConfig
+from lit_transformers.models.open_clip_convert import config_from_open_clip, read_open_clip_dir
 from lit_transformers.nn import ClipLoss
 from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.evaluation import matrix_image, recall_at_k, zero_shot_classifier
 from lit_transformers.tasks.specs import config_spec
-from lit_transformers.text import eos_terminated
+from lit_transformers.text import Tokenizer, eos_terminated
 from lit_transformers.utils.dashboards import log_image
+
+log = logging.getLogger(__name__)
 
 
 class ContrastiveTask(Task):
     """Args: ``model``, the CLIP config spec (vocabulary and EOS id come from the tokenizer);
+    ``init_from_hf`` (a Hugging Face CLIP directory) or ``init_from_open_clip`` (a directory laid out as
+    open_clip's Hub repositories): a published CLIP whose config replaces the spec and whose weights initialise
+    the model (with its tokenizer: ``data.tokenizer_path=<a CLIP tokenizer directory>``);
     ``max_logit_scale``: logit_scale is clamped to [0, this] after every step (temperature between 1/100
     and 1, as open_clip); ``local_loss``/``gather_with_grad``: see ``nn.ClipLoss``; ``recall_ks``: retrieval
     recall@k reported in both directions; the rest as in :class:`Task`."""
@@ -28,19 +36,35 @@ class ContrastiveTask(Task):
     def __init__(
         self,
         model: dict | CLIPConfig,
+        init_from_hf: str | None = None,
+        init_from_open_clip: str | None = None,
         max_logit_scale: float = math.log(100),
         local_loss: bool = True,
         gather_with_grad: bool = True,
         recall_ks: tuple[int, ...] = (1, 5, 10),
         **task_args,
     ):
+        if init_from_hf and init_from_open_clip:
+            raise ValueError("Set one of task.init_from_hf and task.init_from_open_clip, not both")
+        if init_from_hf or init_from_open_clip:  # the checkpoint's architecture, recorded for resumed runs
+            model = pretrained_clip_config(init_from_hf, init_from_open_clip)
         model = config_spec(model)  # before the base records the arguments as hyperparameters
         super().__init__(**task_args)
         self.loss = ClipLoss(local_loss, gather_with_grad)
         self._eval: dict[str, list[torch.Tensor]] = {}
+        self._seen: dict[str, set[int]] = {}  # per stage: the image indices evaluated so far (_first_seen)
         self._similarity: torch.Tensor | None = None
 
     def build_model(self) -> CLIP:
+        h = self.hparams
+        if h.init_from_hf or h.init_from_open_clip:
+            model = pretrained_clip(h.init_from_hf, h.init_from_open_clip)
+            check_clip_tokenizer(
+                self.attach_tokenizer(), model.config, h.init_from_hf or h.init_from_open_clip
+            )
+            # checkpoints of this task rebuild it from hparams.model (set in __init__) without the directory
+            h.init_from_hf = h.init_from_open_clip = None
+            return model
         return CLIP(
             self.text_model_config(vocab_size=lambda tok: tok.vocab_size, eos_id=lambda tok: tok.eos_id)
         )
@@ -48,7 +72,9 @@ class ContrastiveTask(Task):
     def forward(self, images: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model(images, input_ids)
 
-    def _loss(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _loss(
+        self, batch: dict, valid: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         image_features, text_features = self.model(batch["image"], batch["input_ids"])  # (B, E) each
         world = self.trainer.world_size if self._trainer is not None else 1
         loss = self.loss(
@@ -58,6 +84,7 @@ class ContrastiveTask(Task):
             self.all_gather,
             self.global_rank,
             world,
+            valid,
         )
         return loss, image_features, text_features
 
@@ -72,9 +99,26 @@ class ContrastiveTask(Task):
         with torch.no_grad():  # temperature between 1/100 and 1, as open_clip clamps it
             self.model.logit_scale.clamp_(0, self.hparams.max_logit_scale)
 
+    def _first_seen(self, image_index: torch.Tensor, stage: str) -> torch.Tensor | None:
+        """(B,) bool: which rows of this rank's batch hold images no rank has evaluated before in this
+        evaluation; None in one process. Under DDP, Lightning's DistributedSampler repeats a few images at the end
+        so that every rank runs as many batches; the repeats must not count twice."""
+        if self._trainer is None or self.trainer.world_size == 1:
+            return None
+        every_rank = self.all_gather(image_index)  # (W, B)
+        seen = self._seen.setdefault(stage, set())
+        first = []
+        for index in every_rank.flatten().tolist():
+            first.append(index not in seen)
+            seen.add(index)
+        return torch.tensor(first, device=self.device).view(every_rank.shape)[self.global_rank]
+
     def _eval_step(self, batch, batch_idx: int, stage: str) -> None:
-        loss, image_features, text_features = self._loss(batch)
-        self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=stage == "val", sync_dist=True)
+        valid = self._first_seen(batch["image_index"], stage)
+        loss, image_features, text_features = self._loss(batch, valid)
+        # the mean over this rank's rows (local_loss) or over all (then equal on every rank): weighted by its rows
+        rows = batch["image"].size(0) if valid is None else valid.sum()
+        self.log_mean(f"{stage}/loss", loss, rows, prog_bar=stage == "val")
         store = self._eval.setdefault(stage, [])
         index_label = torch.stack([batch["image_index"], batch["label"]], dim=1).float()  # (B, 2)
         store.append(torch.cat([image_features.float(), index_label], dim=1))  # gathered as one tensor
@@ -96,16 +140,12 @@ class ContrastiveTask(Task):
     @torch.no_grad()
     def encode_texts(self, texts: list[str], batch_size: int = 256) -> torch.Tensor:
         """(N, E) normalised embeddings of raw strings, tokenized like the training captions."""
-        tok = self.require_tokenizer()
-        ids = eos_terminated(
-            tok.encode_batch(texts), tok.eos_id, tok.pad_id, self.model.config.context_length
-        )
-        ids = ids.to(self.device)
-        return torch.cat([self.model.encode_text(chunk) for chunk in ids.split(batch_size)]).float()
+        return clip_text_features(self.model, self.require_tokenizer(), texts, batch_size)
 
     def _evaluate(self, stage: str) -> None:
         """Zero-shot accuracy (digits: class names x prompt templates) and retrieval recall@k in both
         directions, over the whole split: image features are gathered from every rank and de-duplicated."""
+        self._seen.pop(stage, None)
         rows = (
             self.all_gather(torch.cat(self._eval.pop(stage))).flatten(0, -2) if stage in self._eval else None
         )
@@ -136,3 +176,44 @@ class ContrastiveTask(Task):
         if self._similarity is not None:
             log_image(self.trainer, f"{stage}/similarity", matrix_image(self._similarity))
             self._similarity = None
+
+
+def clip_text_features(
+    model: CLIP, tokenizer: Tokenizer, texts: list[str], batch_size: int = 256
+) -> torch.Tensor:
+    """(N, E) normalised text embeddings of raw strings, tokenized as captions are (EOS-terminated)."""
+    ids = eos_terminated(
+        tokenizer.encode_batch(texts), tokenizer.eos_id, tokenizer.pad_id, model.config.context_length
+    )
+    ids = ids.to(model.logit_scale.device)
+    return torch.cat([model.encode_text(chunk) for chunk in ids.split(batch_size)]).float()
+
+
+def pretrained_clip_config(init_from_hf: str | None, init_from_open_clip: str | None) -> CLIPConfig:
+    """The architecture of the CLIP in a Hugging Face or an open_clip directory (see :class:`ContrastiveTask`)."""
+    if init_from_hf:
+        return hf_clip.config_from_hf(hf_convert.read_hf_config(init_from_hf, hf_clip.FAMILY))
+    return config_from_open_clip(read_open_clip_dir(init_from_open_clip)[0])
+
+
+def pretrained_clip(init_from_hf: str | None, init_from_open_clip: str | None) -> CLIP:
+    """The CLIP in a Hugging Face or an open_clip directory, weights loaded."""
+    if init_from_hf:
+        return CLIP.from_hf(init_from_hf)
+    config, weights = read_open_clip_dir(init_from_open_clip)
+    return CLIP.from_open_clip(weights, config)
+
+
+def check_clip_tokenizer(tokenizer: Tokenizer | None, config: CLIPConfig, path: str) -> None:
+    """A pretrained text tower reads its features at its own EOS id, over its own vocabulary: the run's
+    tokenizer must share both."""
+    if tokenizer is not None and (
+        tokenizer.eos_id != config.eos_id or tokenizer.vocab_size > config.vocab_size
+    ):
+        raise ValueError(
+            f"The CLIP in {path} reads text features at EOS id {config.eos_id} over {config.vocab_size} tokens, "
+            f"but this run's tokenizer has EOS id {tokenizer.eos_id} and {tokenizer.vocab_size} tokens; set "
+            "data.tokenizer_path to the CLIP's tokenizer directory (the Hub's tokenizer.json and "
+            "tokenizer_config.json)"
+        )
+    log.info("Loaded the pretrained CLIP in %s", path)

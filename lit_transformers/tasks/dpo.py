@@ -14,7 +14,7 @@ from lit_transformers.nn import token_logprobs
 from lit_transformers.nn.rlhf import dpo_loss
 from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
-from lit_transformers.tasks.instruct import PolicyEvaluation, eval_metrics
+from lit_transformers.tasks.instruct import PolicyEvaluation
 
 
 class DPOTask(PolicyEvaluation, Task):
@@ -32,6 +32,7 @@ class DPOTask(PolicyEvaluation, Task):
 
     frozen = ("reference",)
     data_needs = (TokenizedText,)
+    context_field = "block_size"
     init_from_hint = "pass the SFT checkpoint"
 
     def __init__(
@@ -47,7 +48,6 @@ class DPOTask(PolicyEvaluation, Task):
     ):
         model = decoder_spec(model, init_from_hf)
         super().__init__(**task_args)
-        self.eval_metrics = eval_metrics(self.EVAL_KEYS)
         self.reference_cache: dict[tuple[str, int], torch.Tensor] = {}  # (split, index) -> (chosen, rejected)
 
     def build_models(self) -> dict:
@@ -84,21 +84,46 @@ class DPOTask(PolicyEvaluation, Task):
         losses, chosen, rejected = dpo_loss(
             policy_chosen, policy_rejected, ref_chosen, ref_rejected, h.beta, h.label_smoothing
         )
+        chosen_tokens = batch["response_mask"][: len(policy_chosen), 1:].sum()
+        chosen_nll = -policy_chosen.sum() / chosen_tokens  # per token
         loss = losses.mean()
-        if h.rpo_alpha:  # RPO: + alpha * NLL of the chosen responses, per token
-            chosen_tokens = batch["response_mask"][: len(policy_chosen), 1:].sum()
-            loss = loss - h.rpo_alpha * policy_chosen.sum() / chosen_tokens
-        on_step = stage == "train"
-        prefix = "" if on_step else f"{stage}/"  # TRL's names in training: rewards/chosen, ...
-        for key, value in {
-            f"{stage}/loss": loss,
-            f"{prefix}rewards/chosen": chosen.mean(),
-            f"{prefix}rewards/rejected": rejected.mean(),
-            f"{prefix}rewards/accuracies": (chosen > rejected).float().mean(),
-            f"{prefix}rewards/margins": (chosen - rejected).mean(),
-        }.items():
-            self.log(key, value, on_step=on_step, on_epoch=not on_step, prog_bar=key.endswith("loss"))
+        if h.rpo_alpha:  # RPO: + alpha * NLL of the chosen responses
+            loss = loss + h.rpo_alpha * chosen_nll
+        per_pair = {
+            "rewards/chosen": chosen,
+            "rewards/rejected": rejected,
+            "rewards/accuracies": (chosen > rejected).float(),
+            "rewards/margins": chosen - rejected,
+        }
+        if stage == "train":  # TRL's names in training: rewards/chosen, ...
+            self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+            for key, value in per_pair.items():
+                self.log(key, value.mean(), on_step=True, on_epoch=False)
+            return loss
+        # the loss over the split is made at epoch end, from each pair's DPO loss and every chosen token's NLL
+        self.eval_mean(f"{stage}/dpo_loss").update(losses)
+        self.eval_mean(f"{stage}/chosen_nll").update(chosen_nll, chosen_tokens)
+        for key, value in per_pair.items():
+            self.log_mean(f"{stage}/{key}", value)
         return loss
+
+    def _log_loss(self, stage: str) -> None:
+        """``<stage>/loss`` as training defines it, over the whole split: the mean DPO loss of its pairs, plus
+        (RPO) alpha times the mean NLL of all their chosen tokens."""
+        dpo, nll = self.eval_mean(f"{stage}/dpo_loss"), self.eval_mean(f"{stage}/chosen_nll")
+        if dpo.update_count:
+            loss = dpo.compute()
+            if self.hparams.rpo_alpha:
+                loss = loss + self.hparams.rpo_alpha * nll.compute()
+            self.log(f"{stage}/loss", loss, prog_bar=True)
+        dpo.reset()
+        nll.reset()
+
+    def on_validation_epoch_end(self):
+        self._log_loss("val")
+
+    def on_test_epoch_end(self):
+        self._log_loss("test")
 
     def training_step(self, batch, batch_idx):
         return self._step(batch, "train")

@@ -23,6 +23,7 @@ class EncoderTask(Task):
 
     pretraining_heads = False  # MaskedLMTask builds the MLM and NSP heads; fine-tuning tasks the body alone
     data_needs = (TokenizedText,)
+    context_field = "max_position"
     # a fine-tuning task initialised from a pretraining checkpoint leaves its heads behind
     dropped_heads = ("model.mlm_head", "model.nsp_head")
 
@@ -36,7 +37,11 @@ class EncoderTask(Task):
 
     def build_bert(self) -> BERT:
         if self.hparams.init_from_hf:
-            bert = BERT.from_hf(self.hparams.init_from_hf, pretraining_heads=self.pretraining_heads)
+            bert = BERT.from_hf(
+                self.hparams.init_from_hf,
+                self.pretraining_heads,
+                trust_checkpoint=self.hparams.trust_checkpoint,
+            )
             self.check_hf_vocabulary(bert.config.vocab_size, "BERT")
             # checkpoints of this task rebuild the same architecture (hparams.model, set in __init__) without
             # the Hugging Face directory

@@ -45,7 +45,11 @@ class ImageClassificationTask(Task):
 
     def build_model(self) -> nn.Module:
         n = len(self.attach_class_names())
-        # metrics need the class count too, so they are made here with the model
+        self.build_metrics(n)  # metrics need the class count too, so they are made here with the model
+        return create_backbone(**build_config(self.hparams.model).backbone, num_classes=n)
+
+    def build_metrics(self, n: int) -> None:
+        """Top-1 and top-5 accuracy (val and test), per-class accuracy and the confusion matrix (test)."""
         top = {
             "acc": MulticlassAccuracy(n, top_k=1, average="micro"),  # share of images right, not a class mean
             f"acc_top{min(5, n)}": MulticlassAccuracy(n, top_k=min(5, n), average="micro"),
@@ -54,7 +58,6 @@ class ImageClassificationTask(Task):
         self.test_metrics = self.val_metrics.clone(prefix="test/")
         self.test_per_class = MulticlassAccuracy(n, average=None)
         self.test_confusion = MulticlassConfusionMatrix(n)
-        return create_backbone(**build_config(self.hparams.model).backbone, num_classes=n)
 
     def param_groups(self) -> list[dict]:
         """With ``layer_decay``, timm's groups: lr scaled by layer_decay^(depth - layer) ("lr_scale", applied
@@ -91,12 +94,8 @@ class ImageClassificationTask(Task):
         images, labels = batch
         logits = self.model(images)
         stage = metrics.prefix.rstrip("/")
-        self.log(
-            f"{stage}/loss",
-            F.cross_entropy(logits.float(), labels),
-            on_epoch=True,
-            prog_bar=True,
-            sync_dist=True,
+        self.log_mean(
+            f"{stage}/loss", F.cross_entropy(logits.float(), labels, reduction="none"), prog_bar=True
         )
         metrics(logits, labels)
         self.log_dict(metrics, on_epoch=True, prog_bar=stage == "val")

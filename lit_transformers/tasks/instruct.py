@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torchmetrics import MeanMetric
 
 from lit_transformers.nn import generate, token_logprobs, truncate_after_eos
 from lit_transformers.tasks.base import eval_mode
@@ -78,25 +77,18 @@ def decode_responses(tokenizer: Tokenizer, responses: torch.Tensor, mask: torch.
     return [tokenizer.decode(row[keep].tolist()) for row, keep in zip(responses, mask)]
 
 
-def eval_metrics(keys: tuple[str, ...]) -> nn.ModuleDict:
-    """A running mean per validation/test value, named ``<stage>_<key>``."""
-    return nn.ModuleDict({f"{stage}_{key}": MeanMetric() for stage in ("val", "test") for key in keys})
-
-
 def log_judged(task, batch, stage: str, batch_idx: int, texts: list[str], values: dict, prog_bar=()) -> None:
     """The evaluation of a stage's generated ``texts`` for ``batch``: the judge's verdicts against the batch's
-    answers (``judge_exact``, ``judge_score``) join ``values``; each value updates ``task.eval_metrics``
-    and is logged as ``<stage>/<key>``; the first batch of each evaluation shows up to 8 prompts with their
-    responses, answers and scores as a table."""
+    answers (``judge_exact``, ``judge_score``) join ``values``; each (one per response) is logged as
+    ``<stage>/<key>``, its mean over every prompt of the split (``Task.log_mean``); the first batch of each
+    evaluation shows up to 8 prompts with their responses, answers and scores as a table."""
     answers = batch.get("answers")
     if answers is not None:
         verdicts = [judge(text, answer) for text, answer in zip(texts, answers)]
         values["judge_exact"] = torch.tensor([v[0] for v in verdicts], device=task.device)
         values["judge_score"] = torch.tensor([v[1] for v in verdicts], device=task.device)
     for key, value in values.items():
-        metric = task.eval_metrics[f"{stage}_{key}"]
-        metric.update(value)
-        task.log(f"{stage}/{key}", metric, on_epoch=True, prog_bar=key in prog_bar)
+        task.log_mean(f"{stage}/{key}", value, prog_bar=key in prog_bar)
     if batch_idx or task.trainer.sanity_checking:
         return
     tok = task.require_tokenizer()
@@ -116,9 +108,7 @@ class PolicyEvaluation:
     """Validation/test of a policy against its frozen reference on held-out prompts: greedy responses, the
     judge (``judge_exact``, ``judge_score``), ``kl`` (summed k1 over response tokens, on ``logits / T``),
     ``rm_score`` when the task has a reward model, ``response_length``, and a sample table at each validation.
-    Mixed into PPO and DPO; they set ``self.eval_metrics = eval_metrics(PolicyEvaluation.EVAL_KEYS)``."""
-
-    EVAL_KEYS = ("judge_exact", "judge_score", "kl", "rm_score", "response_length")
+    Mixed into PPO and DPO."""
 
     def evaluate_policy(self, batch, stage: str, batch_idx: int) -> None:
         tok = self.require_tokenizer()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torchmetrics import MeanMetric
 
 from lit_transformers.models import BERT
 from lit_transformers.nn import IGNORE_INDEX, token_cross_entropy, token_mean
@@ -42,10 +41,6 @@ class MaskedLMTask(EncoderTask):
         **task_args,
     ):
         super().__init__(model, **task_args)
-        # token-weighted (MLM) and example-weighted (NSP) means over batches and ranks
-        for stage in ("val", "test"):
-            for name in ("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc"):
-                setattr(self, f"{stage}_{name}", MeanMetric())
         self.track_best("val/loss", "min")
 
     def build_model(self) -> BERT:
@@ -98,12 +93,11 @@ class MaskedLMTask(EncoderTask):
     def _eval_step(self, batch, batch_idx: int, stage: str) -> None:
         out = self._step(batch, self.generator(self.hparams.mask_seed, stage, batch_idx))
         n = batch["input_ids"].size(0)
+        # token-weighted (MLM) and example-weighted (NSP) means over batches and ranks
         weights = {"mlm_loss": out["count"], "mlm_acc": out["count"], "nsp_loss": n, "nsp_acc": n}
         for name, weight in weights.items():
-            metric = getattr(self, f"{stage}_{name}")
-            metric.update(out[name], weight=weight)
-            self.log(
-                f"{stage}/{name}", metric, on_epoch=True, prog_bar=stage == "val" and name.endswith("acc")
+            self.log_mean(
+                f"{stage}/{name}", out[name], weight, prog_bar=stage == "val" and name.endswith("acc")
             )
 
     def validation_step(self, batch, batch_idx):
@@ -114,10 +108,10 @@ class MaskedLMTask(EncoderTask):
 
     def _log_totals(self, stage: str) -> torch.Tensor | None:
         """``mlm_ppl`` and ``loss`` (MLM + NSP) from the means over every batch and rank; returns the loss."""
-        mlm_metric = getattr(self, f"{stage}_mlm_loss")
-        if not mlm_metric.update_count:
+        logged = self.trainer.callback_metrics
+        mlm, nsp = logged.get(f"{stage}/mlm_loss"), logged.get(f"{stage}/nsp_loss")
+        if mlm is None:
             return None
-        mlm, nsp = mlm_metric.compute(), getattr(self, f"{stage}_nsp_loss").compute()  # Lightning resets them
         self.log(f"{stage}/mlm_ppl", mlm.exp())
         self.log(f"{stage}/loss", mlm + nsp, prog_bar=stage == "val")
         return mlm + nsp

@@ -33,7 +33,7 @@ from lit_transformers.nn.rlhf import (
 )
 from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
-from lit_transformers.tasks.instruct import PolicyEvaluation, eval_metrics, response_logprobs, rollout
+from lit_transformers.tasks.instruct import PolicyEvaluation, response_logprobs, rollout
 from lit_transformers.tasks.reward import gpt_or_scalar
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class PPOTask(PolicyEvaluation, Task):
 
     frozen = ("reference", "reward")
     data_needs = (TokenizedText,)
+    context_field = "block_size"
     init_from_hint = "pass init_from={policy: <sft.ckpt>, reward: <reward.ckpt>}"
 
     def __init__(
@@ -117,7 +118,6 @@ class PPOTask(PolicyEvaluation, Task):
         super().__init__(**task_args)
         self.hf_dirs = from_hf  # {model: directory}, loaded when the models are built
         self.automatic_optimization = False
-        self.eval_metrics = eval_metrics(self.EVAL_KEYS)
         self.kl_ctl = AdaptiveKLController(kl_coef, **adaptive_kl) if adaptive_kl else None
         self.kl_coef = kl_coef
 
@@ -254,11 +254,7 @@ class PPOTask(PolicyEvaluation, Task):
                 loss = pg["loss"] + h.vf_coef * vf["loss"]
                 optimizer.zero_grad()
                 self.manual_backward(loss)
-                if h.max_grad_norm:
-                    self.clip_gradients(
-                        optimizer, gradient_clip_val=h.max_grad_norm, gradient_clip_algorithm="norm"
-                    )
-                optimizer.step()
+                optimizer.step()  # clips first: on_before_optimizer_step
                 if scheduler is not None:
                     scheduler.step()
                 if epoch == 0 and start == 0:
@@ -274,6 +270,15 @@ class PPOTask(PolicyEvaluation, Task):
                 }.items():
                     stats.setdefault(key, []).append(value.detach())
         self._log_iteration(exp, stats)
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Clip where automatic optimization clips: inside ``optimizer.step()``, after a GradScaler unscaled the
+        gradients (before it, as Lightning's manual-optimization examples do, the clip would act on scaled ones)."""
+        super().on_before_optimizer_step(optimizer)
+        if self.hparams.max_grad_norm:
+            self.clip_gradients(
+                optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm"
+            )
 
     def _log_iteration(self, exp: dict, stats: dict) -> None:
         mask = exp["mask"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from torchmetrics import MeanMetric
 
 from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPTConfig, ScalarGPT
@@ -32,6 +31,7 @@ class RewardTask(Task):
 
     new_heads = ("model.head",)
     data_needs = (TokenizedText,)
+    context_field = "block_size"
     init_from_hint = "pass the SFT checkpoint"
 
     def __init__(
@@ -44,13 +44,6 @@ class RewardTask(Task):
     ):
         model = decoder_spec(model, init_from_hf)
         super().__init__(**task_args)
-        self.eval_metrics = torch.nn.ModuleDict(
-            {
-                f"{stage}_{name}": MeanMetric()
-                for stage in ("val", "test")
-                for name in ("loss", "accuracy", "margin", "reward_mean", "reward_sq")
-            }
-        )
         self.track_best("val/accuracy", "max")
 
     def build_model(self) -> ScalarGPT:
@@ -84,23 +77,11 @@ class RewardTask(Task):
     def _eval_step(self, batch, stage: str) -> None:
         chosen, rejected = self._scores(batch)
         both = torch.cat([chosen, rejected])
-        values = {
-            "loss": self._loss(chosen, rejected),
-            "accuracy": (chosen > rejected).float(),
-            "margin": chosen - rejected,
-            "reward_mean": both,
-            "reward_sq": both**2,
-        }
-        for name, value in values.items():
-            weight = chosen.numel() if name == "loss" else 1.0
-            self.eval_metrics[f"{stage}_{name}"].update(value, weight=weight)
-        for name in ("loss", "accuracy", "margin", "reward_mean"):
-            self.log(
-                f"{stage}/{name}",
-                self.eval_metrics[f"{stage}_{name}"],
-                on_epoch=True,
-                prog_bar=name == "accuracy",
-            )
+        self.log_mean(f"{stage}/loss", self._loss(chosen, rejected), chosen.numel())  # a mean over the pairs
+        self.log_mean(f"{stage}/accuracy", (chosen > rejected).float(), prog_bar=True)
+        self.log_mean(f"{stage}/margin", chosen - rejected)
+        self.log_mean(f"{stage}/reward_mean", both)
+        self.eval_mean(f"{stage}/reward_sq").update(both**2)  # for reward_std, not logged itself
 
     def validation_step(self, batch, batch_idx):
         self._eval_step(batch, "val")
@@ -109,9 +90,12 @@ class RewardTask(Task):
         self._eval_step(batch, "test")
 
     def _log_std(self, stage: str) -> None:
-        mean = self.eval_metrics[f"{stage}_reward_mean"].compute()
-        sq = self.eval_metrics[f"{stage}_reward_sq"].compute()
-        self.eval_metrics[f"{stage}_reward_sq"].reset()
+        mean = self.trainer.callback_metrics.get(f"{stage}/reward_mean")
+        if mean is None:
+            return
+        squares = self.eval_mean(f"{stage}/reward_sq")
+        sq = squares.compute()
+        squares.reset()
         self.log(f"{stage}/reward_std", (sq - mean**2).clamp(min=0).sqrt())
 
     def on_validation_epoch_end(self):

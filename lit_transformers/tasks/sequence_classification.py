@@ -51,8 +51,8 @@ class SequenceClassificationTask(EncoderClassifierTask):
     def _eval_step(self, batch, metrics: MetricCollection) -> torch.Tensor:
         logits = self(batch)
         stage = metrics.prefix.rstrip("/")
-        loss = F.cross_entropy(logits.float(), batch["labels"])
-        self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=logits.size(0))
+        losses = F.cross_entropy(logits.float(), batch["labels"], reduction="none")  # (B,)
+        self.log_mean(f"{stage}/loss", losses)
         metrics(logits, batch["labels"])
         self.log_dict(metrics, on_epoch=True, prog_bar=stage == "val")
         return logits

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lit_transformers.models import GPTConfig
 from lit_transformers.tasks.causal_lm import CausalLMTask, decoder_spec
-from lit_transformers.tasks.instruct import decode_responses, eval_metrics, log_judged, rollout
+from lit_transformers.tasks.instruct import decode_responses, log_judged, rollout
 
 
 class SFTTask(CausalLMTask):
@@ -24,7 +24,6 @@ class SFTTask(CausalLMTask):
         # the hyperparameters are recorded from this frame too: its model must be the directory's already
         model = decoder_spec(model, init_from_hf)
         super().__init__(model, init_from_hf=init_from_hf, **task_args)
-        self.eval_metrics = eval_metrics(("judge_exact", "judge_score"))
 
     def _judge(self, batch, stage: str, batch_idx: int) -> None:
         if batch.get("answers") is None:

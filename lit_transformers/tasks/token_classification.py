@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torchmetrics import MeanMetric, SumMetric
+from torchmetrics import SumMetric
 
 from lit_transformers.nn import IGNORE_INDEX
 from lit_transformers.tasks.encoder import EncoderClassifierTask
@@ -23,7 +23,6 @@ class TokenClassificationTask(EncoderClassifierTask):
     def __init__(self, model: dict, **task_args):
         super().__init__(model, **task_args)
         for stage in ("val", "test"):
-            setattr(self, f"{stage}_acc", MeanMetric())
             for count in ("tp", "predicted", "true"):
                 setattr(self, f"{stage}_{count}", SumMetric())
         self.track_best("val/entity_f1", "max")
@@ -43,12 +42,12 @@ class TokenClassificationTask(EncoderClassifierTask):
     def _eval_step(self, batch, stage: str) -> None:
         logits, labels = self(batch), batch["labels"]
         words = labels != IGNORE_INDEX
-        loss = F.cross_entropy(logits[words].float(), labels[words])
-        self.log(f"{stage}/loss", loss, on_epoch=True, sync_dist=True, batch_size=logits.size(0))
+        # per word (its first WordPiece), over every word of the split
+        self.log_mean(
+            f"{stage}/loss", F.cross_entropy(logits[words].float(), labels[words], reduction="none")
+        )
         predicted = logits.argmax(-1)
-        acc = getattr(self, f"{stage}_acc")
-        acc.update((predicted[words] == labels[words]).float().mean(), weight=words.sum())
-        self.log(f"{stage}/acc", acc, on_epoch=True, prog_bar=stage == "val")
+        self.log_mean(f"{stage}/acc", (predicted[words] == labels[words]).float(), prog_bar=stage == "val")
         names = self.hparams.class_names
         counts = torch.zeros(3)
         for row_true, row_pred, row_words in zip(labels.tolist(), predicted.tolist(), words.tolist()):

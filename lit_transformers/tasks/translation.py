@@ -7,7 +7,6 @@ import dataclasses
 import logging
 
 import torch
-from torchmetrics import MeanMetric
 
 from lit_transformers.contract import ParallelText
 from lit_transformers.models import Seq2SeqConfig, Seq2SeqTransformer
@@ -54,11 +53,10 @@ class TranslationTask(Task):
         if init_from_hf:  # the architecture is the checkpoint's: recorded now, so a resumed run matches it
             from lit_transformers.models.hf_marian import read_config
 
-            model = read_config(init_from_hf)
+            model = read_config(init_from_hf, task_args.get("trust_checkpoint", False))
         model = config_spec(model)  # before the base records the arguments as hyperparameters
         super().__init__(**task_args)
         self.source_tokenizer = Tokenizer.from_state(source_tokenizer) if source_tokenizer else None
-        self.val_loss, self.test_loss = MeanMetric(), MeanMetric()
         self.scores = torch.nn.ModuleDict(
             {
                 f"{stage}_{kind}": CorpusScore(kind)
@@ -71,7 +69,7 @@ class TranslationTask(Task):
 
     def build_model(self) -> Seq2SeqTransformer:
         if self.hparams.init_from_hf:
-            model = Seq2SeqTransformer.from_hf(self.hparams.init_from_hf)
+            model = Seq2SeqTransformer.from_hf(self.hparams.init_from_hf, self.hparams.trust_checkpoint)
             self.check_hf_vocabulary(model.config.vocab_size, "Marian model")
             self.hparams.init_from_hf = None  # checkpoints of this task rebuild it from hparams.model
             return model
@@ -154,10 +152,9 @@ class TranslationTask(Task):
         self.scores[f"{stage}_bleu"].update(hypotheses, references)
         self.scores[f"{stage}_chrf"].update(hypotheses, references)
 
-    def _eval_step(self, batch: dict, stage: str, mean: MeanMetric, beam_size: int) -> None:
+    def _eval_step(self, batch: dict, stage: str, beam_size: int) -> None:
         total, count = self._step(batch, 0.0)
-        mean.update(token_mean(total, count), weight=count)
-        self.log(f"{stage}/loss", mean, on_epoch=True, prog_bar=stage == "val")
+        self.log_mean(f"{stage}/loss", token_mean(total, count), count, prog_bar=stage == "val")
         references = batch["tgt_text"]
         self._score(stage, self.translate(batch["src_ids"], batch["src_valid"], beam_size), references)
         if stage == "test":
@@ -168,10 +165,10 @@ class TranslationTask(Task):
             self._score("test_identity", batch["src_text"], references)
 
     def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, "val", self.val_loss, self.hparams.val_beam_size)
+        self._eval_step(batch, "val", self.hparams.val_beam_size)
 
     def test_step(self, batch, batch_idx):
-        self._eval_step(batch, "test", self.test_loss, self.hparams.test_beam_size)
+        self._eval_step(batch, "test", self.hparams.test_beam_size)
 
     def _log_scores(self, stage: str) -> None:
         loss = self.trainer.callback_metrics.get(f"{stage}/loss")

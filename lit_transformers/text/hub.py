@@ -28,6 +28,7 @@ class HubTokenizerFiles:
     chat_template: str | None = None
     stop_ids: list[int] = field(default_factory=list)  # generation_config.json's eos_token_id
     do_lower_case: bool = True  # a vocab.txt's BERT normalisation (BERT's default: uncased)
+    tokenizer_class: str | None = None  # transformers' class (CLIPTokenizer's texts start with BOS)
 
     def special_tokens(
         self, backend: HFTokenizer, given: Mapping[str, str] | None, guessed: Mapping[str, str]
@@ -99,11 +100,16 @@ def read_hub_files(directory: Path) -> HubTokenizerFiles:
         chat_template=template or _default_template(config.get("chat_template")),
         stop_ids=[] if stop is None else [stop] if isinstance(stop, int) else list(stop),
         do_lower_case=bool(config.get("do_lower_case", True)),
+        tokenizer_class=config.get("tokenizer_class"),
     )
 
 
 def write_hub_files(
-    directory: Path, backend: HFTokenizer, special_tokens: Mapping[str, str], chat_template: str | None
+    directory: Path,
+    backend: HFTokenizer,
+    special_tokens: Mapping[str, str],
+    chat_template: str | None,
+    tokenizer_class: str = "PreTrainedTokenizerFast",
 ) -> None:
     """``tokenizer.json`` and a ``tokenizer_config.json`` naming the special tokens by role (ours are
     transformers' roles) and holding the chat template (where every transformers version reads it), so
@@ -111,7 +117,7 @@ def write_hub_files(
     belong to the model's ``generation_config.json``, which its export writes."""
     directory.mkdir(parents=True, exist_ok=True)
     backend.save(str(directory / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    config = {"tokenizer_class": tokenizer_class}  # CLIPTokenizer's texts start with BOS (see read_hub_files)
     config.update({f"{role}_token": token for role, token in special_tokens.items()})
     if chat_template is not None:
         config["chat_template"] = chat_template

@@ -4,14 +4,19 @@ Each example is a prompt ("Reverse the words: ash oak elm\\nAnswer:"), its corre
 and a plausible wrong one (a wrong word, wrong order, truncated, extra text, a word repeated) for reward-model
 and DPO pairs.
 The judge (exact match, and a graded score in [0, 1]) is the ground truth that a reward model only learns
-to approximate; the stages report both. Pure Python: the datamodule makes examples, the tasks judge.
+to approximate; the stages report both. Records that teach nothing (an empty SFT completion, a pair with
+the same responses) are skipped with a count, or refused when a split holds nothing else. Pure Python: the
+datamodule makes and screens examples, the tasks judge.
 """
 
 from __future__ import annotations
 
 import difflib
+import logging
 import random
 from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
 
 # kind -> (instruction, answer from the word list); chosen to be learnable by a small GPT on CPU in minutes
 TASKS = {
@@ -121,3 +126,54 @@ def judge(response: str, answer: str) -> tuple[float, float]:
         return exact, 0.0
     hits = sum(g == w for g, w in zip(got, want))
     return exact, hits / max(len(got), len(want), 1)
+
+
+# records that teach nothing, per TRL format: (what they have, what training on only them does, the fix)
+USELESS = {
+    "sft": (
+        "an empty completion",
+        "SFT on them learns only to end every response at once",
+        "Give the records their completions (data.format=sft reads prompt and completion)",
+    ),
+    "pairs": (
+        "the same chosen and rejected response (within data.max_length tokens)",
+        "a reward model or DPO on them learns nothing: the loss stays ln 2 and its gradient 0",
+        "Give every pair a rejected response that differs from its chosen one in its first data.max_length"
+        " tokens (data.format=pairs reads prompt, chosen and rejected)",
+    ),
+}
+
+
+def useless(format: str, record: dict, item: dict) -> bool:
+    """Whether a record teaches nothing (:data:`USELESS`): an SFT record without a completion, a pair whose
+    responses are the same tokens once encoded and cut to ``max_length`` (both empty included)."""
+    if format == "sft":
+        return not record["completion"].strip()
+    return format == "pairs" and item["chosen"] == item["rejected"]
+
+
+def informative(format: str, split: str, records: list[dict], items: list[dict], source: str) -> list[int]:
+    """Indices of the records that teach something; the others are skipped with a warning naming how many and
+    the first, or refused when the whole split is such records."""
+    bad = [i for i, (record, item) in enumerate(zip(records, items)) if useless(format, record, item)]
+    if not bad:
+        return list(range(len(records)))
+    has, effect, fix = USELESS[format]
+    # the first in the file: the records of one source are named alike but for their line (or row) number
+    first = min((records[i].get("where", source) for i in bad), key=lambda where: (len(where), where))
+    if len(bad) == len(records):
+        raise ValueError(
+            f"Every one of the {len(records)} {split} records of {source} has {has} (the first: {first}), and "
+            f"{effect}. {fix}."
+        )
+    log.warning(
+        "Skipping %d of %d %s records with %s (the first: %s): %s",
+        len(bad),
+        len(records),
+        split,
+        has,
+        first,
+        effect,
+    )
+    skipped = set(bad)
+    return [i for i in range(len(records)) if i not in skipped]

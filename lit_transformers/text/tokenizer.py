@@ -32,6 +32,8 @@ BERT_SPECIAL_TOKENS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[
 # Marian / OPUS-MT's: the decoder starts from the pad token, so BOS is "<pad>" too
 MARIAN_SPECIAL_TOKENS = {"pad": "<pad>", "bos": "<pad>", "eos": "</s>", "unk": "<unk>"}
 KINDS = ("bpe", "char", "wordpiece")
+# Hub tokenizer classes whose texts start with BOS: CLIP's text tower reads <|startoftext|> caption <|endoftext|>
+BOS_FIRST = ("CLIPTokenizer", "CLIPTokenizerFast")
 
 
 class Tokenizer:
@@ -43,14 +45,17 @@ class Tokenizer:
         special_tokens: Mapping[str, str] = SPECIAL_TOKENS,
         chat_template: str | None = None,
         end_of_turn: Sequence[str] | None = None,
+        add_bos: bool = False,
     ):
         """``chat_template``: the Jinja template conversations are rendered with (:mod:`.chat`);
-        ``end_of_turn``: the tokens generation may stop at, by default EOS alone."""
+        ``end_of_turn``: the tokens generation may stop at, by default EOS alone; ``add_bos``: :meth:`encode`
+        starts every text with BOS (CLIP's tokenizer, :data:`BOS_FIRST`)."""
         backend.no_padding()  # our collators pad: a file's own fixed-length padding would pad every encode
         backend.no_truncation()
         self.backend = backend
         self.special_tokens = dict(special_tokens)
         self.chat_template = chat_template
+        self.add_bos = add_bos
         eos = [self.special_tokens["eos"]] if "eos" in self.special_tokens else []
         self.end_of_turn = list(dict.fromkeys(eos if end_of_turn is None else end_of_turn))
         self.ids = {role: backend.token_to_id(token) for role, token in self.special_tokens.items()}
@@ -225,7 +230,7 @@ class Tokenizer:
                 SPECIAL_TOKENS,
             )
         roles, end_of_turn = hub.special_tokens(backend, special_tokens, guessed)
-        return cls(backend, roles, hub.chat_template, end_of_turn)
+        return cls(backend, roles, hub.chat_template, end_of_turn, hub.tokenizer_class in BOS_FIRST)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, key: str = "tokenizer") -> Tokenizer:
@@ -239,23 +244,26 @@ class Tokenizer:
         return cls.from_state(state)
 
     def state(self) -> dict:
-        """Plain-data form (JSON string, special-token roles, chat template, end-of-turn tokens) that
-        checkpoints store."""
+        """Plain-data form (JSON string, special-token roles, chat template, end-of-turn tokens, whether texts
+        start with BOS) that checkpoints store."""
         return {
             "json": self.backend.to_str(),
             "special_tokens": dict(self.special_tokens),
             "chat_template": self.chat_template,
             "end_of_turn": list(self.end_of_turn),
+            "add_bos": self.add_bos,
         }
 
     @classmethod
     def from_state(cls, state: Mapping) -> Tokenizer:
-        """Also a state written before chat templates (JSON and roles only): no template, EOS ends a turn."""
+        """Also a state written before chat templates (JSON and roles only): no template, EOS ends a turn, no
+        BOS first."""
         return cls(
             HFTokenizer.from_str(state["json"]),
             state["special_tokens"],
             state.get("chat_template"),
             state.get("end_of_turn"),
+            state.get("add_bos", False),
         )
 
     def save(self, path: str | Path) -> None:
@@ -264,7 +272,10 @@ class Tokenizer:
 
     def save_pretrained(self, directory: str | Path) -> None:
         """A Hugging Face tokenizer directory (:func:`.hub.write_hub_files`): what a ``to_hf`` export ships."""
-        write_hub_files(Path(directory), self.backend, self.special_tokens, self.chat_template)
+        tokenizer_class = BOS_FIRST[0] if self.add_bos else "PreTrainedTokenizerFast"
+        write_hub_files(
+            Path(directory), self.backend, self.special_tokens, self.chat_template, tokenizer_class
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Tokenizer) and self.state() == other.state()
@@ -276,10 +287,12 @@ class Tokenizer:
         return self.backend.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=False).ids
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
+        """Ids without EOS (the collators end sequences), with BOS first when ``add_bos``."""
+        first = [self.bos_id] if self.add_bos else []
+        return [first + e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import fsspec
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from lit_transformers.utils.errors import DiskFull
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -34,5 +38,19 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())  # the bytes are on disk before the name points at them
             os.replace(partial, path)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise DiskFull(err.errno, _disk_full_message(path)) from err
         finally:
             partial.unlink(missing_ok=True)
+
+
+def _disk_full_message(path: Path) -> str:
+    free = shutil.disk_usage(path.parent).free
+    kept = f"{path} still holds the previous save" if path.is_file() else f"{path} was not written"
+    return (
+        f"No space left on the disk (or quota) of {path.parent} for checkpoint {path.name} ({free / 2**20:.0f} MiB "
+        f"free); nothing partial was left, and {kept}. Free space there, or put the run on a disk with room: "
+        "hydra.run.dir=<folder> (or callbacks.model_checkpoint.dirpath=<folder> for the checkpoints alone)"
+    )

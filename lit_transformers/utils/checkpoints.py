@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -23,24 +26,60 @@ log = logging.getLogger(__name__)
 TOKENIZER_ARGUMENTS = {"tokenizer_path": "tokenizer", "source_tokenizer_path": "source_tokenizer"}
 
 
+TRUST_FIX = "If you trust where it came from, set trust_checkpoint=true"
+CORRUPT_CHECKPOINT_FIX = "Use another one, e.g. <run>/checkpoints/last.ckpt"
+
+
+def read_weights(
+    path: str | Path,
+    named: str,
+    trusted: bool = False,
+    pickled_fix: str = TRUST_FIX,
+    corrupt_fix: str = CORRUPT_CHECKPOINT_FIX,
+) -> Any:
+    """What the file at ``path`` holds: tensors and plain data (``torch.load(weights_only=True)``, unless
+    ``trusted``; safetensors for ``.safetensors``). A file that needs arbitrary unpickling, or that is truncated
+    or corrupt, is refused in one paragraph beginning with ``named`` (how the command line names the file) and
+    ending with ``pickled_fix`` or ``corrupt_fix``, instead of torch's advice to load it with
+    ``weights_only=False``."""
+    path = Path(path).expanduser()
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(path)
+        # mmap reads tensors only when used; it needs the zip format that torch.save writes since torch 1.6
+        return torch.load(path, map_location="cpu", weights_only=not trusted, mmap=zipfile.is_zipfile(path))
+    except pickle.UnpicklingError as err:
+        # torch's own reason, after the advice to load with weights_only=False that we do not pass on
+        refused = re.search(r"WeightsUnpickler error:\s*(.+)", str(err), re.DOTALL)
+        reason = _first_sentence(refused.group(1) if refused else str(err))
+        # a broken file rather than a refused one: a trusted load failed, or the bytes are no pickle at all
+        if trusted or refused is None or reason.startswith("Unsupported operand"):
+            raise _corrupt(named, f"{type(err).__name__}: {reason}", corrupt_fix) from err
+        raise ValueError(
+            f"{named} holds pickled Python objects, and loading it could run code from the file ({reason}). "
+            f"{pickled_fix}."
+        ) from err
+    except Exception as err:  # noqa: BLE001 - torch and safetensors raise RuntimeError, EOFError... for bad files
+        raise _corrupt(named, f"{type(err).__name__}: {_first_sentence(str(err))}", corrupt_fix) from err
+
+
+def _corrupt(named: str, reason: str, fix: str) -> ValueError:
+    return ValueError(f"{named} is not readable: it is truncated or corrupt ({reason}). {fix}.")
+
+
+def _first_sentence(text: str, limit: int = 150) -> str:
+    sentence = text.strip().split(". ")[0].split("\n")[0]
+    return sentence if len(sentence) <= limit else sentence[:limit] + "..."
+
+
 def read_checkpoint(path: str | Path, key: str = "ckpt_path", trusted: bool = False) -> dict:
     """The checkpoint at ``path`` (named ``key`` on the command line) as a dict."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"{key}={path} not found; pass the path of a .ckpt file")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=not trusted, mmap=True)
-    except pickle.UnpicklingError as err:
-        reason = str(err).strip().splitlines()[-1][:200]
-        raise ValueError(
-            f"{key}={path} holds pickled Python objects, and loading it could run code from the file "
-            f"({reason}). If you trust where it came from, set trust_checkpoint=true."
-        ) from err
-    except Exception as err:  # noqa: BLE001 - torch raises RuntimeError, EOFError, KeyError... for bad files
-        raise ValueError(
-            f"{key}={path} is not a readable checkpoint: it is truncated or corrupt ({type(err).__name__}: "
-            f"{str(err).strip()[:120]}). Use another one, e.g. <run>/checkpoints/last.ckpt."
-        ) from err
+    checkpoint = read_weights(path, f"{key}={path}", trusted)
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint and not _is_state_dict(checkpoint):
         raise ValueError(f"{key}={path} is not a checkpoint written by train.py (no state_dict in it)")
     return checkpoint
@@ -87,15 +126,37 @@ def check_task_fits(checkpoint: dict, path: str | Path, task, key: str = "ckpt_p
         )
 
 
-def plain_tokenizers(saved: dict, folder: str | Path) -> Path:
-    """``folder``/checkpoint_tokenizers.ckpt: the tokenizers of a checkpoint's hyperparameters ``saved`` alone,
-    as plain data, which loads weights-only (the way every datamodule reads a tokenizer_path .ckpt)."""
-    copy = Path(folder) / "checkpoint_tokenizers.ckpt"
+def plain_tokenizers(saved: dict, folder: str | Path, name: str = "checkpoint_tokenizers.ckpt") -> Path:
+    """``folder``/``name``: the tokenizers of a checkpoint's hyperparameters ``saved`` alone, as plain data,
+    which loads weights-only (the way every datamodule reads a tokenizer_path .ckpt)."""
+    copy = Path(folder) / name
     copy.parent.mkdir(parents=True, exist_ok=True)
     tmp = copy.with_suffix(f".tmp{os.getpid()}")  # every DDP rank writes the same file: atomically
     torch.save({"hyper_parameters": {held: saved.get(held) for held in TOKENIZER_ARGUMENTS.values()}}, tmp)
     tmp.replace(copy)
     return copy
+
+
+def read_tokenizer_checkpoints(data: DictConfig, trusted: bool, copy_to: str | Path) -> None:
+    """Read each tokenizer argument of ``data`` (:data:`TOKENIZER_ARGUMENTS`) that names a ``.ckpt`` file as
+    checkpoints are read (:func:`read_weights`), so that a truncated or pickled one is refused naming
+    ``data.<argument>`` rather than by a traceback from inside the datamodule. A ``trusted`` one, which may need
+    unpickling, becomes its :func:`plain_tokenizers` copy in ``copy_to``, which the data's weights-only reading
+    takes."""
+    for argument in TOKENIZER_ARGUMENTS:
+        given = data.get(argument)
+        if not given or Path(given).suffix != ".ckpt" or not Path(given).expanduser().is_file():
+            continue  # a tokenizer.json, vocab.txt or folder; a missing file is named by Tokenizer.from_file
+        checkpoint = read_weights(given, f"data.{argument}={given}", trusted)
+        if trusted:
+            saved = checkpoint.get("hyper_parameters", {}) if isinstance(checkpoint, dict) else {}
+            data[argument] = str(plain_tokenizers(saved, copy_to, f"{argument}.ckpt"))
+            log.info(
+                "data.%s=%s: the data reads its tokenizers from a plain copy, %s",
+                argument,
+                given,
+                data[argument],
+            )
 
 
 def use_checkpoint_tokenizers(

@@ -10,6 +10,7 @@ the same test its Trainer makes.
 
 from __future__ import annotations
 
+import functools
 import os
 from datetime import datetime
 from pathlib import Path
@@ -20,6 +21,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElastic
 from omegaconf import OmegaConf
 
 from lit_transformers.utils.config import ConfigError
+from lit_transformers.utils.errors import report_user_errors
 
 
 def launcher_job_id() -> str | None:
@@ -75,8 +77,23 @@ def sweep_group(task_name: str) -> str | None:
     return f"{task_name}-{Path(HydraConfig.get().sweep.dir).name}"
 
 
+def _exiting_on_user_errors(resolver):
+    """``resolver``, exiting with its one-paragraph error (``report_user_errors``) instead of raising: Hydra resolves
+    ``hydra.run.dir`` itself, where its callbacks turn an exception into a warning and its ``run_job`` into a
+    traceback of OmegaConf's interpolation frames."""
+
+    @functools.wraps(resolver)
+    def resolve(*args):
+        with report_user_errors():
+            return resolver(*args)
+
+    return resolve
+
+
 def register_resolvers() -> None:
     # cached like ${now:}: resolved once per config, and Hydra copies the cache into each multirun job's config
-    OmegaConf.register_new_resolver("job_id_or_now", job_id_or_now, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver(
+        "job_id_or_now", _exiting_on_user_errors(job_id_or_now), use_cache=True, replace=True
+    )
     OmegaConf.register_new_resolver("on_rank_zero", on_rank_zero, replace=True)
     OmegaConf.register_new_resolver("sweep_group", sweep_group, replace=True)

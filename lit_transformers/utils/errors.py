@@ -10,6 +10,11 @@ from hydra.errors import HydraException
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf.errors import OmegaConfBaseException
 
+
+class DiskFull(OSError):
+    """No room on the disk for a file the run must write (a checkpoint): the user frees space or moves the run."""
+
+
 USER_ERRORS = (
     HydraException,  # includes InstantiationException: a constructor rejected a config value
     OmegaConfBaseException,
@@ -19,6 +24,7 @@ USER_ERRORS = (
     ValueError,
     KeyError,
     ImportError,
+    DiskFull,
 )
 
 

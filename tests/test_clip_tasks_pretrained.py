@@ -1,0 +1,115 @@
+"""The CLIP tasks from published weights, on random ones (no download): task.init_from_open_clip /
+task.init_from_hf load the checkpoint (and refuse a ResNet CLIP, or a run tokenizer that is not the CLIP's),
+a converted CLIP fine-tunes on the digits, and experiment=clip_zero_shot scores an ImageFolder with
+transformers' logits."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import open_clip
+import pytest
+import safetensors.torch
+import torch
+from test_clip_pretrained import (
+    ATOL,
+    SMALL,
+    _caption_ids,
+    _clip_tokenizer_dir,
+    _hf_clip,
+    _images,
+    _perturbed,
+    _resnet_clip,
+)
+
+from lit_transformers.tasks import ContrastiveTask
+from lit_transformers.tasks.zero_shot import ZeroShotTask
+from lit_transformers.text import Tokenizer
+
+from image_helpers import run_experiment, write_image_folder
+
+transformers = pytest.importorskip("transformers")
+
+
+def _open_clip_dir(tmp_path, model, config) -> str:
+    """A directory as open_clip's Hub repositories hold a model: open_clip_config.json + safetensors."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": config}))
+    safetensors.torch.save_file(model.state_dict(), tmp_path / "open_clip_model.safetensors")
+    return str(tmp_path)
+
+
+def test_init_from_open_clip_loads_the_weights_and_refuses_a_resnet_clip_with_the_reason(tmp_path):
+    reference = _perturbed(lambda: open_clip.CLIP(**SMALL))
+    task = ContrastiveTask(
+        model={}, init_from_open_clip=_open_clip_dir(tmp_path / "vit", reference, SMALL), optimizer={}
+    )
+    task.configure_model()
+    images, ids = _images(2, 32), _caption_ids(["a cat", "a dog"], 100, 16)
+    with torch.no_grad():
+        for got, want in zip(task.model.eval()(images, ids), reference(images, ids)):
+            torch.testing.assert_close(got, want, **ATOL)
+    assert task.hparams.init_from_open_clip is None and task.hparams.model["text_activation"] == "quick_gelu"
+    resnet = _open_clip_dir(tmp_path / "rn50", *_resnet_clip())
+    with pytest.raises(ValueError, match=r"image tower is a ResNet.*supported: open_clip's ViT CLIPs"):
+        ContrastiveTask(model={}, init_from_open_clip=resnet, optimizer={})
+
+
+def _hf_clip_dir(path, image_size: int, channels: int):
+    """A random HF CLIP saved with the CLIP tokenizer above (2514 tokens, EOS last): a Hub directory."""
+    hf_tokenizer = _clip_tokenizer_dir(path)
+    text = {"vocab_size": 2514, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    text |= {"num_attention_heads": 2, "max_position_embeddings": 16, "eos_token_id": 2513}
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+    vision |= {"image_size": image_size, "patch_size": image_size // 4, "num_channels": channels}
+    config = transformers.CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
+    hf = _perturbed(lambda: transformers.CLIPModel(config))
+    hf.save_pretrained(path)
+    return hf, hf_tokenizer
+
+
+def test_a_converted_clip_fine_tunes_on_the_digits_with_its_hub_tokenizer(tmp_path):
+    """task.init_from_hf + data.tokenizer_path: a random HF CLIP for 8x8 grayscale digits trains and evaluates
+    zero-shot."""
+    checkpoint = tmp_path / "clip"
+    _hf_clip_dir(checkpoint, image_size=8, channels=1)
+    overrides = [
+        f"task.init_from_hf={checkpoint}",
+        f"data.tokenizer_path={checkpoint}",
+        "data.context_length=16",
+    ]
+    metrics = run_experiment(tmp_path / "run", ["experiment=clip", "debug=fdr", *overrides])
+    assert {"test/zeroshot_top1", "test/i2t_recall@1"} <= set(metrics)
+
+
+def test_init_from_hf_refuses_a_run_tokenizer_that_is_not_the_clips(tmp_path):
+    _hf_clip().save_pretrained(tmp_path)  # EOS id 99 of 100 tokens
+    task = ContrastiveTask(model={}, init_from_hf=str(tmp_path), optimizer={})
+    task.data = SimpleNamespace(tokenizer=Tokenizer.train(["a photo of a cat", "a dog"], vocab_size=300))
+    with pytest.raises(ValueError, match=r"EOS id 99 over 100 tokens.*set data\.tokenizer_path"):
+        task.configure_model()
+
+
+def test_zero_shot_logits_are_transformers_clip_logits_over_the_class_prompts(tmp_path):
+    hf, hf_tokenizer = _hf_clip_dir(tmp_path, image_size=16, channels=3)
+    names = ["cat", "dog", "fox"]
+    task = ZeroShotTask(
+        templates=["a photo of a {}."], tokenizer_path=str(tmp_path), init_from_hf=str(tmp_path), optimizer={}
+    )
+    task.data = SimpleNamespace(class_names=names)
+    task.configure_model()
+    prompts = hf_tokenizer([f"a photo of a {name}." for name in names], padding="max_length", max_length=16)
+    images = _images(5, 16)
+    with torch.no_grad():
+        expected = hf(input_ids=torch.tensor(prompts["input_ids"]), pixel_values=images).logits_per_image
+        torch.testing.assert_close(task.model(images), expected, **ATOL)
+
+
+def test_clip_zero_shot_experiment_scores_an_image_folder(tmp_path):
+    _hf_clip_dir(tmp_path / "clip", image_size=16, channels=3)
+    folder = write_image_folder(tmp_path / "images", per_class=10, size=16)
+    overrides = [f"task.{key}={tmp_path / 'clip'}" for key in ("init_from_hf", "tokenizer_path")]
+    overrides += [f"data.root={folder}", "data.img_size=16", "data.num_workers=0", "trainer.accelerator=cpu"]
+    metrics = run_experiment(tmp_path / "run", ["experiment=clip_zero_shot", *overrides])
+    assert {"test/acc", "test/acc_top3", "test/acc_class/cat", "test/acc_class_min"} <= set(metrics)
