@@ -32,10 +32,10 @@ STAGE = [o for o in TINY if not o.startswith("model.")] + [
 ]
 
 
-def _hub_directory(directory, tokenizer):
-    """A random tiny LlamaForCausalLM (grouped-query, every weight moved off its init so greedy tokens are clear
-    winners) written by transformers into ``directory`` beside ``tokenizer`` (saved there), with its special ids
-    and a generation config stopping at the tokenizer's end-of-turn tokens, as instruct models ship."""
+def _hub_model(tokenizer):
+    """A random tiny LlamaForCausalLM for a saved transformers ``tokenizer`` (grouped-query, every weight moved off
+    its init so greedy tokens are clear winners), with the tokenizer's special ids and a generation config
+    stopping at its end-of-turn tokens, as instruct models ship."""
     stops = [
         tokenizer.convert_tokens_to_ids(t) for t in ("<|end_of_text|>", "<|eot_id|>") if t in tokenizer.vocab
     ]
@@ -80,7 +80,7 @@ def hub(tmp_path_factory):
     """(directory, its transformers model, its transformers tokenizer, the stop id its greedy turns end at)."""
     directory = tmp_path_factory.mktemp("hub")
     tokenizer = _llama3(directory)
-    model = _hub_directory(directory, tokenizer)
+    model = _hub_model(tokenizer)
     stop = _ends_turns_early(model, tokenizer)
     model.save_pretrained(directory)
     return directory, model, tokenizer, stop
@@ -112,7 +112,7 @@ def _task(cls, hub_dir, **args):
     return task
 
 
-def test_reward_ppo_and_dpo_start_from_the_hub_decoder_with_new_heads(hub, tmp_path, caplog):
+def test_reward_ppo_and_dpo_start_from_the_hub_decoder_with_new_heads(hub, caplog):
     hub_dir, hf_model, _, _ = hub
     ids = torch.randint(0, hf_model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -210,8 +210,10 @@ def test_a_hub_decoder_goes_sft_reward_ppo_dpo_and_exports_what_transformers_gen
     prompts = _chat_ids(hf_tokenizer, PROMPTS)
     ids, valid = left_pad(prompts, tokenizer.pad_id)
     expected = _hf_generate(hf_model, ids, valid)  # its generation_config: stop at either end-of-turn id
-    out = rollout(ours.model, tokenizer, ids, valid, max_new_tokens=12)  # PPO's and DPO's sampling, greedy
-    assert torch.equal(out.sequences, expected)
+    sampled = rollout(
+        ours.model, tokenizer, ids, valid, max_new_tokens=12
+    )  # PPO's and DPO's sampling, greedy
+    assert torch.equal(sampled.sequences, expected)
 
 
 # ---- lit-generate on Hub directories ---------------------------------------------------------------------
@@ -221,20 +223,23 @@ def test_lit_generate_chats_with_a_hub_directory_as_transformers_generate(hub):
     hub_dir, hf_model, hf_tokenizer, stop = hub
     settings = ["chat=true", "temperature=0", "max_new_tokens=12", f"prompts=[{','.join(PROMPTS)}]"]
     texts = [text for _, text in continuations(_generate_config(f"ckpt={hub_dir}", *settings))]
-    tokenizer = Tokenizer.from_file(hub_dir)
-    ids, valid = left_pad(_chat_ids(hf_tokenizer, PROMPTS), tokenizer.pad_id)
-    assert all(row.count(tokenizer.bos_id) == 1 for row in ids.tolist())  # the template's BOS, no second one
+    ours = language_model(str(hub_dir))
+    tokenizer = ours.tokenizer
+    prompts = _chat_ids(hf_tokenizer, PROMPTS)
+    assert ours.encode_prompts(PROMPTS, chat=True) == prompts  # no BOS of ours before the template's
+    ids, valid = left_pad(prompts, tokenizer.pad_id)
     stops = tokenizer.end_of_turn_ids
     expected = _hf_generate(hf_model, ids, valid, eos_token_id=stops, pad_token_id=tokenizer.pad_id)
+    ended = expected[0, ids.size(1) :].tolist()
     assert (
-        stop in expected[0, ids.size(1) :].tolist() and stop != tokenizer.eos_id
-    )  # a turn ended at <|end_of_text|>
+        stop != tokenizer.eos_id and stop in ended
+    )  # a turn ended at <|end_of_text|>, a stop id besides EOS
     assert texts == [tokenizer.decode(row[ids.size(1) :].tolist()) for row in expected]
 
 
 def test_lit_generate_refuses_chat_without_a_chat_template(tmp_path):
     tokenizer = _save(tmp_path, _llama3_backend(), bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
-    _hub_directory(tmp_path, tokenizer).save_pretrained(tmp_path)
+    _hub_model(tokenizer).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="chat=true but the tokenizer of ckpt=.* has no chat_template"):
         continuations(_generate_config(f"ckpt={tmp_path}", "chat=true"))
 

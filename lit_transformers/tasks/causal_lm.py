@@ -101,6 +101,16 @@ class CausalLMTask(Task):
         if loss is not None:
             self.log(f"{stage}/ppl", loss.exp(), prog_bar=stage == "val")
 
+    def encode_prompts(self, prompts: list[str], chat: bool = False) -> list[list[int]]:
+        """BOS + each prompt's ids; with ``chat``, each prompt as a user message rendered with the tokenizer's
+        chat template and its generation prompt, as ``apply_chat_template(..., add_generation_prompt=True)``
+        (the template writes the BOS)."""
+        tok = self.require_tokenizer()
+        if chat:
+            user_turn = lambda p: [{"role": "user", "content": p}]  # noqa: E731
+            return [tok.encode(render_chat(tok, user_turn(p), add_generation_prompt=True)) for p in prompts]
+        return [[tok.bos_id, *tok.encode(p)] for p in prompts]
+
     @torch.no_grad()
     def sample(
         self,
@@ -112,18 +122,10 @@ class CausalLMTask(Task):
         seed: int | None = None,
         chat: bool = False,
     ) -> list[str]:
-        """Continue each prompt until any of the tokenizer's ``end_of_turn_ids``; returns only the generated
-        text. ``chat``: each prompt is a user message, rendered with the tokenizer's chat template and its
-        generation prompt (the template writes the BOS), so the text returned is the assistant's reply."""
+        """Continue each prompt (:meth:`encode_prompts`) until any of the tokenizer's ``end_of_turn_ids``; returns
+        only the generated text (with ``chat``: the assistant's reply)."""
         tok = self.require_tokenizer()
-        if chat:
-            prompt_ids = [
-                tok.encode(render_chat(tok, [{"role": "user", "content": p}], add_generation_prompt=True))
-                for p in prompts
-            ]
-        else:
-            prompt_ids = [[tok.bos_id, *tok.encode(p)] for p in prompts]
-        ids, valid = left_pad(prompt_ids, tok.pad_id, device=self.device)
+        ids, valid = left_pad(self.encode_prompts(prompts, chat), tok.pad_id, device=self.device)
         max_new_tokens = min(max_new_tokens, self.model.config.block_size - ids.size(1))
         generator = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
         with eval_mode(self.model):
