@@ -141,6 +141,10 @@ def test_reward_ppo_and_dpo_start_from_the_hub_decoder_with_new_heads(hub, caplo
     assert not torch.allclose(ppo.policy(ids), expected, atol=1e-2)
     with pytest.raises(ValueError, match="PPO's models are policy, reference, reward, value"):
         _task(PPOTask, hub_dir, init_from_hf={"critic": str(hub_dir)})
+    with pytest.raises(
+        ValueError, match="PPO's value would come from both task.init_from and task.init_from_hf"
+    ):
+        _task(PPOTask, hub_dir, init_from_hf={"value": str(hub_dir)}, init_from={"value": "value.ckpt"})
 
 
 # ---- the chain on a Hub decoder, exported back ---------------------------------------------------------
