@@ -1,8 +1,12 @@
 """Print continuations from a trained causal LM: ``lit-generate ckpt=<run>/checkpoints/last.ckpt prompt="The for
 statement"`` (or ``python -m lit_transformers.generate``), from a GPT, SFT, PPO or DPO checkpoint (the policy of
-the last two). ``lit-generate --help`` lists the keys (conf/generate.yaml)."""
+the last two) or a Hugging Face decoder directory (``ckpt=<dir>``, with its own tokenizer); ``chat=true``
+renders each prompt as a user turn with the tokenizer's chat template, for instruct checkpoints.
+``lit-generate --help`` lists the keys (conf/generate.yaml)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import hydra
 import torch
@@ -10,6 +14,7 @@ from omegaconf import DictConfig, ListConfig
 
 from lit_transformers.nn.generation import check_sampling
 from lit_transformers.tasks import CausalLMTask, DPOTask, PPOTask, SFTTask
+from lit_transformers.text import Tokenizer
 from lit_transformers.utils.checkpoints import read_checkpoint, written_by
 from lit_transformers.utils.config import ConfigError, check_required, check_types
 from lit_transformers.utils.errors import report_user_errors
@@ -23,6 +28,7 @@ FLAG_TYPES = {
     "seed": int,
     "device": str,
     "trust_checkpoint": bool,
+    "chat": bool,
 }
 
 # the tasks whose checkpoints hold a causal LM (a GPT), with the attribute that holds it: its state-dict prefix
@@ -44,16 +50,34 @@ def check_settings(cfg: DictConfig) -> None:
         raise ValueError(f"device={cfg.device} but no CUDA GPU is visible; use device=cpu")
 
 
-def language_model(cfg: DictConfig) -> CausalLMTask:
-    """The causal LM of checkpoint ``cfg.ckpt`` as a :class:`CausalLMTask` (its GPT and tokenizer): a GPT or SFT
-    checkpoint's model, a PPO or DPO checkpoint's policy (the same GPT, built from the same model config)."""
-    checkpoint = read_checkpoint(cfg.ckpt, "ckpt", cfg.trust_checkpoint)
+def hub_language_model(path: str, trust_checkpoint: bool) -> CausalLMTask:
+    """The Hugging Face decoder directory ``path`` (``GPT.from_hf``: GPT-2, Llama, Qwen2, Mistral) with the
+    tokenizer saved beside it, as a :class:`CausalLMTask`."""
+    tokenizer = Tokenizer.from_file(path)
+    task = CausalLMTask(
+        model={},  # replaced by the directory's config.json
+        init_from_hf=path,
+        optimizer={},  # never built: generation does not train
+        tokenizer=tokenizer.state(),
+        trust_checkpoint=trust_checkpoint,
+    )
+    task.configure_model()
+    return task
+
+
+def language_model(ckpt: str, trust_checkpoint: bool = False) -> CausalLMTask:
+    """The causal LM of checkpoint ``ckpt`` as a :class:`CausalLMTask` (its GPT and tokenizer), on the CPU: a GPT
+    or SFT checkpoint's model, a PPO or DPO checkpoint's policy (the same GPT, built from the same model
+    config), or a Hugging Face directory's decoder (:func:`hub_language_model`)."""
+    if Path(ckpt).expanduser().is_dir():
+        return hub_language_model(ckpt, trust_checkpoint)
+    checkpoint = read_checkpoint(ckpt, "ckpt", trust_checkpoint)
     names = {f"{cls.__module__}.{cls.__qualname__}": attribute for cls, attribute in CAUSAL_LMS.items()}
     attribute = names.get(checkpoint.get("task_class"))
     if attribute is None:
         accepted = ", ".join(cls.__name__ for cls in CAUSAL_LMS)
         raise ValueError(
-            f"ckpt={cfg.ckpt} was written by {written_by(checkpoint, cfg.ckpt)}, which holds no language model "
+            f"ckpt={ckpt} was written by {written_by(checkpoint, ckpt)}, which holds no language model "
             f"to generate with (a reward model scores text, it does not write it); pass a checkpoint of "
             f"{accepted} (a gpt_pretrain, gpt_sft, gpt_ppo or gpt_dpo run)"
         )
@@ -63,14 +87,23 @@ def language_model(cfg: DictConfig) -> CausalLMTask:
     prefix = f"{attribute}."
     weights = {k.removeprefix(prefix): v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
     task.model.load_state_dict(weights)
-    return task.to(cfg.device)
+    return task
 
 
 def continuations(cfg: DictConfig) -> list[tuple[str, str]]:
     check_settings(cfg)
-    task = language_model(cfg)
+    task = language_model(cfg.ckpt, cfg.trust_checkpoint).to(cfg.device)
+    if cfg.chat and task.tokenizer.chat_template is None:
+        raise ConfigError(
+            f"chat=true but the tokenizer of ckpt={cfg.ckpt} has no chat_template to render the prompt with; "
+            "drop chat=true to continue the prompt as plain text, or pass an instruct checkpoint (a Hugging Face "
+            "directory whose tokenizer_config.json or chat_template.jinja carries a template, or a run trained "
+            "with such a tokenizer)"
+        )
     prompts = [str(p) for p in cfg.prompts] if cfg.prompts else [str(cfg.prompt)]  # prompt=1984 is text too
-    texts = task.sample(prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, seed=cfg.seed)
+    texts = task.sample(
+        prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p, seed=cfg.seed, chat=cfg.chat
+    )
     return list(zip(prompts, texts))
 
 
@@ -78,7 +111,7 @@ def continuations(cfg: DictConfig) -> list[tuple[str, str]]:
 def main(cfg: DictConfig) -> None:
     with report_user_errors():
         for prompt, text in continuations(cfg):
-            print(f"--- {prompt!r}\n{prompt}{text}\n")
+            print(f"--- {prompt!r}\n{text if cfg.chat else prompt + text}\n")  # chat: the reply alone
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""generate(): HF greedy parity, batched left padding, EOS, top-k/top-p filtering, temperature."""
+"""generate(): HF greedy parity, batched left padding, EOS (one id or several), top-k/top-p filtering,
+temperature."""
 
 import pytest
 import torch
 
 from lit_transformers.models import GPT, GPTConfig
-from lit_transformers.nn import generate, sample_next
+from lit_transformers.nn import generate, sample_next, truncate_after_eos
 from lit_transformers.text import left_pad
 
 transformers = pytest.importorskip("transformers")
@@ -83,6 +84,28 @@ def test_stops_at_eos_and_pads_finished_rows(model):
     first = (free[0] == eos).nonzero()[0].item()
     single = generate(model, ids[:1], valid[:1], max_new_tokens=10, temperature=0, eos_id=eos, pad_id=PAD)
     assert single.size(1) == ids.size(1) + first + 1 and single[0, -1].item() == eos
+
+
+def test_stops_at_any_end_of_turn_id_as_hf_generate_with_several_eos_ids(model):
+    ids, valid = left_pad(_prompts(), PAD)
+    free = generate(model, ids, valid, max_new_tokens=10, temperature=0)[:, ids.size(1) :]
+    # two end-of-turn ids (as <|im_end|> and EOS): row 0 stops at the second one, row 1 at the first
+    stops = [free[1, 4].item(), free[0, 2].item()]
+    assert stops[0] != stops[1]
+    expected = model.to_hf().generate(
+        ids,
+        attention_mask=valid.long(),
+        max_new_tokens=10,
+        do_sample=False,
+        pad_token_id=PAD,
+        eos_token_id=stops,
+    )
+    got = generate(model, ids, valid, max_new_tokens=10, temperature=0, eos_id=stops, pad_id=PAD)
+    assert torch.equal(got, expected)
+    responses, mask, has_eos = truncate_after_eos(got[:, ids.size(1) :], stops, PAD)
+    for row, ended in enumerate(has_eos.tolist()):
+        hits = [i for i, token in enumerate(free[row].tolist()) if token in stops]
+        assert ended == bool(hits) and mask[row].sum().item() == (hits[0] + 1 if hits else free.size(1))
 
 
 def test_temperature_zero_is_greedy_and_sampling_is_seeded(model):

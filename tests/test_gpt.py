@@ -1,6 +1,7 @@
 """GPT: Hugging Face GPT-2 parity (from_hf / to_hf), causality, KV cache, GPT-2 init, tied embeddings, the LM head
 fused with the loss."""
 
+import dataclasses
 import math
 
 import pytest
@@ -252,3 +253,32 @@ def test_linear_cross_entropy_passes_gradcheck_in_float64(weight_trains):
 
     assert loss(hidden, weight, bias).dtype == torch.float64
     assert torch.autograd.gradcheck(loss, (hidden, weight, bias))
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+def test_activation_checkpointing_recomputes_each_block_and_gives_the_same_gradients(layout):
+    llama = {"norm": "rmsnorm", "gated_mlp": True, "activation": "silu", "position": "rope", "n_kv_head": 2}
+    config = GPTConfig(
+        vocab_size=97,
+        block_size=32,
+        n_layer=2,
+        n_head=4,
+        d_model=32,
+        dropout=0.1,
+        **(llama if layout == "llama" else {}),
+    )
+    idx, labels = _tokens(), _tokens(seed=2)
+    grads, block_calls = [], []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = GPT(dataclasses.replace(config, activation_checkpointing=checkpointing)).train()
+        calls = []
+        model.blocks[0].attn.register_forward_hook(lambda *_, calls=calls: calls.append(1))
+        torch.manual_seed(1)  # the same dropout masks in both runs (checkpointing replays the RNG state)
+        total, count = model(idx, labels=labels)
+        (total / count).backward()
+        grads.append({name: p.grad for name, p in model.named_parameters()})
+        block_calls.append(len(calls))
+    assert block_calls == [1, 2]  # attention recomputed in backward: its activations were not kept
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7, msg=name)

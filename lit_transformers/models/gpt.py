@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from lit_transformers.nn import (
     DecoderBlock,
@@ -47,6 +48,9 @@ class GPTConfig:
     rope_theta: float = 10000.0  # RoPE base (position=rope; Llama 3: 500000)
     rope_scaling: dict | None = None  # HF's, e.g. {rope_type: linear, factor: 4.0}: linear|dynamic|llama3
     sliding_window: int | None = None  # attend to the latest this many tokens, itself included (Mistral)
+    # training: recompute each block's activations in the backward pass instead of keeping them (less memory,
+    # about a third more compute); a setting of how it trains, not of the weights
+    activation_checkpointing: bool = False
 
 
 class GPT(nn.Module):
@@ -160,14 +164,13 @@ class GPT(nn.Module):
         if self.pos_emb is not None:
             x = x + self.pos_emb(position_ids)
         x = self.drop(x)
+        recompute = self.config.activation_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
-            x = block(
-                x,
-                mask=mask,
-                rotary=self.rotary,
-                position_ids=position_ids,
-                cache=caches[i] if caches else None,
-            )
+            inputs = {"mask": mask, "rotary": self.rotary, "position_ids": position_ids}
+            if recompute:  # the RNG state is saved, so dropout draws the same masks when recomputing
+                x = checkpoint(block, x, **inputs, use_reentrant=False)
+            else:
+                x = block(x, **inputs, cache=caches[i] if caches else None)
         return self.ln_f(x)
 
     def forward(

@@ -12,10 +12,11 @@ from lit_transformers.nn.generation import padded_forward
 
 
 class ScalarGPT(nn.Module):
-    def __init__(self, config: GPTConfig):
+    def __init__(self, config: GPTConfig, body: GPT | None = None):
+        """``body``: a GPT of ``config`` to put the head on (a loaded decoder); None builds a new one."""
         super().__init__()
         self.config = config
-        self.body = GPT(config)
+        self.body = GPT(config) if body is None else body
         self.head = ScalarHead(config.d_model)  # init std 1/sqrt(d + 1), bias 0
 
     def forward(self, idx: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ positions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -59,7 +59,7 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    eos_id: int | None = None,
+    eos_id: int | Sequence[int] | None = None,
     pad_id: int = 0,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
@@ -67,7 +67,8 @@ def generate(
 ) -> torch.Tensor:
     """Continue left-padded prompts (B, T); returns (B, T + n) with n <= max_new_tokens.
 
-    Rows that emit ``eos_id`` stop and are filled with ``pad_id``; the loop ends when all rows stopped.
+    Rows that emit ``eos_id`` (one id, or several: an instruct tokenizer's ``end_of_turn_ids``, as HF's
+    ``eos_token_id=[a, b]``) stop and are filled with ``pad_id``; the loop ends when all rows stopped.
     ``max_lengths`` (B,) caps each row's new tokens below ``max_new_tokens`` (translation: the source length
     + 50).
     """
@@ -88,6 +89,7 @@ def generate(
 
         tokens, step_ids, step_pos = input_ids, input_ids, positions
         finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+        stop_ids = None if eos_id is None else torch.tensor(eos_id, device=input_ids.device).reshape(-1)
         for step in range(max_new_tokens):
             mask = padded_attention_mask(valid, step_ids.size(1)) if padded else None
             logits = model(step_ids, position_ids=step_pos, mask=mask, caches=caches, last_only=True)[:, -1]
@@ -99,8 +101,8 @@ def generate(
             if padded:  # left-padded prompts: keys of the new tokens are real
                 valid = torch.cat([valid, torch.ones_like(finished)[:, None]], dim=1)
             positions = torch.cat([positions, positions[:, -1:] + 1], dim=1)
-            if eos_id is not None:
-                finished |= next_token == eos_id
+            if stop_ids is not None:
+                finished |= torch.isin(next_token, stop_ids)
             if max_lengths is not None:
                 finished |= max_lengths <= step + 1
             if (eos_id is not None or max_lengths is not None) and bool(finished.all()):

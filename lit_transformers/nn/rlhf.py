@@ -8,7 +8,7 @@ response tensors are (B, T) over the generated tokens only, ``mask`` (B, T) bool
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -69,11 +69,12 @@ def last_true_index(mask: torch.Tensor) -> torch.Tensor:
 
 
 def truncate_after_eos(
-    responses: torch.Tensor, eos_id: int, pad_id: int
+    responses: torch.Tensor, eos_id: int | Sequence[int], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Generated tokens (B, T) -> (responses with every token after the first EOS replaced by ``pad_id``,
-    mask (B, T) of real tokens up to and including that EOS, has_eos (B,)). Rows without EOS keep all T."""
-    is_eos = responses == eos_id
+    mask (B, T) of real tokens up to and including that EOS, has_eos (B,)). Rows without EOS keep all T.
+    ``eos_id``: one id, or several (an instruct tokenizer's ``end_of_turn_ids``): the first of any ends a row."""
+    is_eos = torch.isin(responses, torch.tensor(eos_id, device=responses.device).reshape(-1))
     has_eos = is_eos.any(dim=-1)
     T = responses.size(1)
     first = torch.where(

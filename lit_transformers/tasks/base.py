@@ -29,7 +29,7 @@ from lit_transformers.utils.checkpoints import read_checkpoint
 log = logging.getLogger(__name__)
 
 # model config fields that say how a model trains, not what it is: a run may set them apart from its init_from parent
-TRAINING_FIELDS = ("dropout", "attn_dropout")
+TRAINING_FIELDS = ("dropout", "attn_dropout", "activation_checkpointing")
 
 
 def parent_model_config(checkpoint: Mapping, ours: Mapping) -> dict:
@@ -187,7 +187,8 @@ class Task(L.LightningModule):
     def configure_model(self) -> None:
         if self._built:
             return
-        if not self.hparams.init_from and self.init_from_hint and self._trainer is not None:  # not a reload
+        started = self.hparams.init_from or self.hparams.get("init_from_hf")
+        if not started and self.init_from_hint and self._trainer is not None:  # not a reload
             log.warning(
                 "%s starts from random weights: no init_from (%s)", type(self).__name__, self.init_from_hint
             )

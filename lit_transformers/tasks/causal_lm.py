@@ -9,7 +9,33 @@ from lit_transformers.models import GPT, GPTConfig
 from lit_transformers.nn import generate, token_mean
 from lit_transformers.tasks.base import Task, eval_mode
 from lit_transformers.tasks.specs import config_spec
-from lit_transformers.text import left_pad
+from lit_transformers.text import left_pad, render_chat
+
+
+def decoder_spec(model: dict | GPTConfig, init_from_hf: str | None) -> dict:
+    """The model spec a GPT task records (before the base records its arguments as hyperparameters): that of
+    the Hugging Face causal LM directory ``init_from_hf`` when given (its config.json, weights unread), so a
+    resumed or reloaded run rebuilds the checkpoint's architecture without the directory, with ``model``'s
+    ``activation_checkpointing`` (how the run trains); else ``model``'s."""
+    spec = config_spec(model)
+    if not init_from_hf:
+        return spec
+    from lit_transformers.models.hf_convert import decoder_converter, read_hf_config
+
+    hf = decoder_converter(init_from_hf).config_from_hf(read_hf_config(init_from_hf, "causal LM"))
+    return config_spec(hf) | {"activation_checkpointing": bool(spec.get("activation_checkpointing"))}
+
+
+def load_hf_decoder(task: Task, path: str, what: str) -> GPT:
+    """``GPT.from_hf(path)`` for ``task`` (its ``trust_checkpoint``), checked against the run's tokenizer; ``what``
+    names the model in the log. float32, whatever the checkpoint's dtype: trainer.precision (bf16-true,
+    bf16-mixed) decides what runs in bf16, and the optimizer keeps float32 weights under bf16-mixed. Applied
+    once: ``init_from_hf`` is cleared, and the task's checkpoints rebuild the model from ``hparams.model``."""
+    model = GPT.from_hf(path, task.hparams.trust_checkpoint, dtype=torch.float32)
+    if task.hparams.init_from_hf:
+        task.check_hf_vocabulary(model.config.vocab_size, what)
+        task.hparams.init_from_hf = None
+    return model
 
 
 class CausalLMTask(Task):
@@ -22,22 +48,13 @@ class CausalLMTask(Task):
     context_field = "block_size"
 
     def __init__(self, model: dict | GPTConfig, init_from_hf: str | None = None, **task_args):
-        if init_from_hf:  # the architecture is the checkpoint's: recorded now, so a resumed run matches it
-            from lit_transformers.models.hf_convert import decoder_converter, read_hf_config
-
-            model = decoder_converter(init_from_hf).config_from_hf(read_hf_config(init_from_hf, "causal LM"))
-        model = config_spec(model)  # before the base records the arguments as hyperparameters
+        model = decoder_spec(model, init_from_hf)
         super().__init__(**task_args)
         self.track_best("val/loss", "min")
 
     def build_model(self) -> GPT:
         if self.hparams.init_from_hf:
-            # float32, whatever the checkpoint's dtype: trainer.precision (bf16-true, bf16-mixed) decides what
-            # runs in bf16, and the optimizer keeps float32 weights under bf16-mixed
-            path = self.hparams.init_from_hf
-            model = GPT.from_hf(path, self.hparams.trust_checkpoint, dtype=torch.float32)
-            self.check_hf_vocabulary(model.config.vocab_size, "GPT")
-            self.hparams.init_from_hf = None  # checkpoints of this task rebuild it from hparams.model
+            model = load_hf_decoder(self, self.hparams.init_from_hf, "GPT")
             return model
         return GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
 
@@ -84,6 +101,16 @@ class CausalLMTask(Task):
         if loss is not None:
             self.log(f"{stage}/ppl", loss.exp(), prog_bar=stage == "val")
 
+    def encode_prompts(self, prompts: list[str], chat: bool = False) -> list[list[int]]:
+        """BOS + each prompt's ids; with ``chat``, each prompt as a user message rendered with the tokenizer's
+        chat template and its generation prompt, as ``apply_chat_template(..., add_generation_prompt=True)``
+        (the template writes the BOS)."""
+        tok = self.require_tokenizer()
+        if chat:
+            user_turn = lambda p: [{"role": "user", "content": p}]  # noqa: E731
+            return [tok.encode(render_chat(tok, user_turn(p), add_generation_prompt=True)) for p in prompts]
+        return [[tok.bos_id, *tok.encode(p)] for p in prompts]
+
     @torch.no_grad()
     def sample(
         self,
@@ -93,10 +120,12 @@ class CausalLMTask(Task):
         top_k: int | None = 50,
         top_p: float | None = None,
         seed: int | None = None,
+        chat: bool = False,
     ) -> list[str]:
-        """Continue each prompt; returns only the generated text."""
+        """Continue each prompt (:meth:`encode_prompts`) until any of the tokenizer's ``end_of_turn_ids``; returns
+        only the generated text (with ``chat``: the assistant's reply)."""
         tok = self.require_tokenizer()
-        ids, valid = left_pad([[tok.bos_id, *tok.encode(p)] for p in prompts], tok.pad_id, device=self.device)
+        ids, valid = left_pad(self.encode_prompts(prompts, chat), tok.pad_id, device=self.device)
         max_new_tokens = min(max_new_tokens, self.model.config.block_size - ids.size(1))
         generator = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
         with eval_mode(self.model):
@@ -108,7 +137,7 @@ class CausalLMTask(Task):
                 temperature,
                 top_k,
                 top_p,
-                eos_id=tok.eos_id,
+                eos_id=tok.end_of_turn_ids,
                 pad_id=tok.pad_id,
                 generator=generator,
             )

@@ -13,8 +13,8 @@ from lit_transformers.models import GPT, GPTConfig
 from lit_transformers.nn import token_logprobs
 from lit_transformers.nn.rlhf import dpo_loss
 from lit_transformers.tasks.base import Task
+from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
 from lit_transformers.tasks.instruct import PolicyEvaluation
-from lit_transformers.tasks.specs import config_spec
 
 
 class DPOTask(PolicyEvaluation, Task):
@@ -22,7 +22,8 @@ class DPOTask(PolicyEvaluation, Task):
     (TRL's: adds ``alpha`` times the chosen responses' per-token NLL, Pang et al. 2024, which keeps DPO from
     lowering the chosen responses' likelihood with the rejected ones'),
     ``max_new_tokens`` and ``temperature`` of the judged greedy responses and their KL; the rest as in
-    :class:`Task`. ``init_from``: the SFT checkpoint, which initialises both policy and reference.
+    :class:`Task`. ``init_from``: the SFT checkpoint, which initialises both policy and reference;
+    ``init_from_hf``: or a Hugging Face causal LM directory, which does the same.
 
     The frozen reference's summed log-probs are computed once per pair (keyed by the batch's ``index`` in its
     split) and reused in later epochs and validations, as TRL's ``precompute_ref_log_probs``, but lazily: the
@@ -42,14 +43,19 @@ class DPOTask(PolicyEvaluation, Task):
         rpo_alpha: float | None = None,
         max_new_tokens: int = 16,
         temperature: float = 1.0,
+        init_from_hf: str | None = None,
         **task_args,
     ):
-        model = config_spec(model)
+        model = decoder_spec(model, init_from_hf)
         super().__init__(**task_args)
         self.reference_cache: dict[tuple[str, int], torch.Tensor] = {}  # (split, index) -> (chosen, rejected)
 
     def build_models(self) -> dict:
-        policy = GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
+        path = self.hparams.init_from_hf
+        if path:
+            policy = load_hf_decoder(self, path, "policy and reference")
+        else:
+            policy = GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
         return {"policy": policy, "reference": copy.deepcopy(policy)}  # equal also without init_from
 
     def _load_init_from(self, init_from: str | Mapping) -> None:

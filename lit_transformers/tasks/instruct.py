@@ -21,7 +21,7 @@ class Rollout:
     attention_mask: torch.Tensor  # (B, P + R) real tokens of both
     responses: torch.Tensor  # (B, R) generated tokens, padding after the first EOS
     response_mask: torch.Tensor  # (B, R) real response tokens, up to and including the first EOS
-    has_eos: torch.Tensor  # (B,) whether the response ended with EOS
+    has_eos: torch.Tensor  # (B,) whether the response ended with EOS (any end-of-turn id)
 
 
 @torch.no_grad()
@@ -34,8 +34,9 @@ def rollout(
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
 ) -> Rollout:
-    """Sample (greedy at temperature 0) through the KV cache, then truncate after the first EOS. The policy
-    is put in eval mode (dropout off) for sampling and restored."""
+    """Sample (greedy at temperature 0) through the KV cache, stopping at any of the tokenizer's
+    ``end_of_turn_ids`` (EOS, or an instruct model's ``<|im_end|>``...), then truncate after the first of them.
+    The policy is put in eval mode (dropout off) for sampling and restored."""
     P = prompt_ids.size(1)
     max_new_tokens = min(max_new_tokens, model.config.block_size - P)  # the context holds prompt + response
     with eval_mode(model):
@@ -45,11 +46,13 @@ def rollout(
             prompt_mask,
             max_new_tokens,
             temperature,
-            eos_id=tokenizer.eos_id,
+            eos_id=tokenizer.end_of_turn_ids,
             pad_id=tokenizer.pad_id,
             generator=generator,
         )
-    responses, response_mask, has_eos = truncate_after_eos(out[:, P:], tokenizer.eos_id, tokenizer.pad_id)
+    responses, response_mask, has_eos = truncate_after_eos(
+        out[:, P:], tokenizer.end_of_turn_ids, tokenizer.pad_id
+    )
     return Rollout(
         torch.cat([prompt_ids, responses], dim=1),
         torch.cat([prompt_mask.bool(), response_mask], dim=1),

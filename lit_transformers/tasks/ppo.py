@@ -10,6 +10,7 @@ optimizer steps: PPO iterations x num_ppo_epochs x num_mini_batches.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 from collections.abc import Mapping
 
@@ -31,11 +32,34 @@ from lit_transformers.nn.rlhf import (
     per_token_rewards,
 )
 from lit_transformers.tasks.base import Task
+from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
 from lit_transformers.tasks.instruct import PolicyEvaluation, response_logprobs, rollout
 from lit_transformers.tasks.reward import gpt_or_scalar
-from lit_transformers.tasks.specs import config_spec
 
 log = logging.getLogger(__name__)
+
+
+PPO_MODELS = ("policy", "reference", "reward", "value")
+
+
+def hf_dirs(init_from_hf: str | Mapping | None) -> dict[str, str]:
+    """PPO's ``init_from_hf`` as ``{model: directory}``: one directory is the policy, the reference and the value
+    model (the reward model comes from a reward checkpoint); a mapping names its models, the reference taking
+    the policy's directory unless given."""
+    if not init_from_hf:
+        return {}
+    if isinstance(init_from_hf, str):
+        return dict.fromkeys(("policy", "reference", "value"), init_from_hf)
+    dirs = {name: path for name, path in init_from_hf.items() if path}
+    unknown = sorted(set(dirs) - set(PPO_MODELS))
+    if unknown:
+        raise ValueError(
+            f"task.init_from_hf names {', '.join(unknown)}: PPO's models are {', '.join(PPO_MODELS)}; e.g. "
+            "init_from_hf='{policy: <dir>, value: <dir>}'"
+        )
+    if "policy" in dirs:
+        dirs.setdefault("reference", dirs["policy"])
+    return dirs
 
 
 class PPOTask(PolicyEvaluation, Task):
@@ -49,7 +73,9 @@ class PPOTask(PolicyEvaluation, Task):
         num_ppo_epochs, num_mini_batches: update passes over each rollout batch, and minibatches per pass.
         clip_range, clip_range_value, vf_coef, max_grad_norm: the clipped losses and gradient clipping.
     ``init_from``: ``{policy: <sft.ckpt>, reward: <reward.ckpt>}``; the reference starts as the policy and
-    the value model as the reward model unless given too.
+    the value model as the reward model unless given too. ``init_from_hf``: a Hugging Face causal LM directory
+    for the policy, the reference and the value model's body (its head new), or ``{policy: <dir>, value: <dir>,
+    ...}`` in ``init_from``'s shape (the reference defaults to the policy's); a model comes from one of the two.
     """
 
     frozen = ("reference", "reward")
@@ -75,14 +101,22 @@ class PPOTask(PolicyEvaluation, Task):
         clip_range_value: float = 0.2,
         vf_coef: float = 0.1,
         max_grad_norm: float | None = 1.0,
+        init_from_hf: str | dict | None = None,
         **task_args,
     ):
-        model = config_spec(model)
+        from_hf = hf_dirs(init_from_hf)
+        if len({json.dumps(decoder_spec({}, path)) for path in set(from_hf.values())}) > 1:
+            raise ValueError(
+                f"task.init_from_hf={dict(init_from_hf)} names directories of different architectures; PPO's "
+                "four models share one model config: give them the same base model (or its fine-tuned versions)"
+            )
+        model = decoder_spec(model, next(iter(from_hf.values()), None))
         if kl_estimator not in ("k1", "k3"):
             raise ValueError(f"task.kl_estimator={kl_estimator!r}: use k1 or k3")
         if temperature <= 0:
             raise ValueError(f"task.temperature={temperature}: PPO samples, so it needs a temperature > 0")
         super().__init__(**task_args)
+        self.hf_dirs = from_hf  # {model: directory}, loaded when the models are built
         self.automatic_optimization = False
         self.kl_ctl = AdaptiveKLController(kl_coef, **adaptive_kl) if adaptive_kl else None
         self.kl_coef = kl_coef
@@ -93,28 +127,53 @@ class PPOTask(PolicyEvaluation, Task):
         config = self.text_model_config(vocab_size=lambda tok: tok.vocab_size)
         policy, reward = GPT(config), ScalarGPT(config)
         # copies: without init_from the reference still equals the policy, and the value the reward model
-        return {
+        models = {
             "policy": policy,
             "reference": copy.deepcopy(policy),
             "reward": reward,
             "value": copy.deepcopy(reward),
         }
+        init_from = self.hparams.init_from
+        named = set(self.hf_dirs)
+        if isinstance(init_from, Mapping):
+            named |= {name for name, path in init_from.items() if path}
+        missing = [name for name in ("policy", "reward") if name not in named]
+        if missing and (init_from or self.hf_dirs):  # neither: Task warns that every model starts random
+            log.warning(
+                "PPO %s start(s) from random weights: no init_from or init_from_hf for them",
+                ", ".join(missing),
+            )
+        decoders = {path: load_hf_decoder(self, path, "PPO decoder") for path in set(self.hf_dirs.values())}
+        for name, path in self.hf_dirs.items():
+            target = models[name].body if isinstance(models[name], ScalarGPT) else models[name]
+            target.load_state_dict(decoders[path].state_dict())
+            log.info(
+                "init_from_hf: %s from %s%s",
+                name,
+                path,
+                " (new: its head)" if target is not models[name] else "",
+            )
+        return models
 
     def _load_init_from(self, init_from: str | Mapping) -> None:
         if isinstance(init_from, str):
             raise ValueError(
                 "PPO takes two checkpoints: init_from='{policy: <sft.ckpt>, reward: <reward.ckpt>}'"
             )
-        targets = dict(init_from)
-        targets.setdefault("reference", targets.get("policy"))
-        targets.setdefault("value", targets.get("reward"))
+        targets = {name: path for name, path in init_from.items() if path}
+        both = sorted(set(targets) & set(self.hf_dirs))
+        if both:
+            raise ValueError(
+                f"PPO's {', '.join(both)} would come from both task.init_from and task.init_from_hf; name each "
+                "model in one of them"
+            )
+        for name, default in (("reference", "policy"), ("value", "reward")):
+            if name not in self.hf_dirs and targets.get(default):
+                targets.setdefault(name, targets[default])
         for name in ("reward", "value"):
             if targets.get(name) and gpt_or_scalar(targets[name], self.hparams.trust_checkpoint) == "body":
                 targets[f"{name}.body"] = targets.pop(name)  # a GPT checkpoint: the body, with a fresh head
-        missing = [name for name in ("policy", "reward") if not targets.get(name)]
-        if missing:
-            log.warning("PPO %s start(s) from random weights: no init_from for them", ", ".join(missing))
-        super()._load_init_from({k: v for k, v in targets.items() if v})
+        super()._load_init_from(targets)
 
     def total_steps(self) -> int:
         if self.trainer.max_steps > 0:

@@ -11,7 +11,8 @@ from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPTConfig, ScalarGPT
 from lit_transformers.nn import bradley_terry_loss
 from lit_transformers.tasks.base import Task
-from lit_transformers.tasks.specs import config_spec, model_weights
+from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
+from lit_transformers.tasks.specs import model_weights
 from lit_transformers.utils.checkpoints import read_checkpoint
 
 
@@ -25,7 +26,8 @@ def gpt_or_scalar(path: str, trust_checkpoint: bool) -> str:
 class RewardTask(Task):
     """Args: ``model`` (the GPT config spec), ``margin`` subtracted from r_chosen - r_rejected in the loss,
     ``center_rewards_coefficient`` (TRL's penalty on mean((r_c + r_r)^2)); the rest as in :class:`Task`.
-    ``init_from`` may be a GPT checkpoint (the body; the head starts fresh) or a reward model's."""
+    ``init_from`` may be a GPT checkpoint (the body; the head starts fresh) or a reward model's;
+    ``init_from_hf`` a Hugging Face causal LM directory (its decoder is the body, the head starts fresh)."""
 
     new_heads = ("model.head",)
     data_needs = (TokenizedText,)
@@ -37,13 +39,18 @@ class RewardTask(Task):
         model: dict | GPTConfig,
         margin: float = 0.0,
         center_rewards_coefficient: float = 0.0,
+        init_from_hf: str | None = None,
         **task_args,
     ):
-        model = config_spec(model)
+        model = decoder_spec(model, init_from_hf)
         super().__init__(**task_args)
         self.track_best("val/accuracy", "max")
 
     def build_model(self) -> ScalarGPT:
+        path = self.hparams.init_from_hf
+        if path:
+            body = load_hf_decoder(self, path, "reward model's body (new: its scalar head, model.head.*)")
+            return ScalarGPT(body.config, body)
         return ScalarGPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
 
     def _load_init_from(self, init_from: str | Mapping) -> None:

@@ -4,7 +4,7 @@ verdict on greedy generations for held-out prompts."""
 from __future__ import annotations
 
 from lit_transformers.models import GPTConfig
-from lit_transformers.tasks.causal_lm import CausalLMTask
+from lit_transformers.tasks.causal_lm import CausalLMTask, decoder_spec
 from lit_transformers.tasks.instruct import decode_responses, log_judged, rollout
 
 
@@ -18,8 +18,12 @@ class SFTTask(CausalLMTask):
 
     init_from_hint = "pass a pretrained GPT checkpoint"
 
-    def __init__(self, model: dict | GPTConfig, max_new_tokens: int = 16, **task_args):
-        super().__init__(model, **task_args)
+    def __init__(
+        self, model: dict | GPTConfig, max_new_tokens: int = 16, init_from_hf: str | None = None, **task_args
+    ):
+        # the hyperparameters are recorded from this frame too: its model must be the directory's already
+        model = decoder_spec(model, init_from_hf)
+        super().__init__(model, init_from_hf=init_from_hf, **task_args)
 
     def _judge(self, batch, stage: str, batch_idx: int) -> None:
         if batch.get("answers") is None:
