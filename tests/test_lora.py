@@ -94,6 +94,16 @@ def test_merged_export_is_a_plain_hf_model_with_our_logits(tmp_path):
             torch.testing.assert_close(ours(ids), GPT.from_hf(_llama())(ids), atol=1e-5, rtol=0)
 
 
+def test_modules_to_save_are_exported_whole_for_peft(tmp_path):
+    ours = _adapted_llama()
+    nn.init.normal_(ours.ln_f.weight, mean=1.0, std=0.5)  # trained in full: HF's model.norm must take it
+    save_peft_adapter(ours, tmp_path, modules_to_save=["ln_f"])
+    hf = peft.PeftModel.from_pretrained(_llama(), tmp_path).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, ours(ids), atol=1e-4, rtol=0)
+
+
 def _base_file(tmp_path: Path, model: nn.Module, name: str = "base.pt") -> str:
     path = tmp_path / name
     torch.save(model.state_dict(), path)
@@ -200,3 +210,11 @@ def test_lora_run_resumes_exactly_and_its_checkpoint_reloads_on_its_base(compose
         expected = saved["state_dict"].get(name)
         if expected is not None:
             torch.testing.assert_close(value, expected, rtol=0, atol=0, msg=name)
+
+    # init_from of an adapter checkpoint: its base with its adapters merged, a full model of the same logits
+    spec = {**saved["hyper_parameters"]["model"], "vocab_size": reloaded.model.config.vocab_size}
+    child = CausalLMTask(model=spec, optimizer=ADAM, init_from=str(last))
+    child.configure_model()
+    ids = torch.randint(0, spec["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(child.model.eval()(ids), reloaded.model.eval()(ids), atol=1e-5, rtol=0)

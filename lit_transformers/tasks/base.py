@@ -252,9 +252,11 @@ class Task(L.LightningModule):
                     "to train with the parent's tokenizer"
                 )
             weights = checkpoint
+            if "lora_base" in checkpoint:  # adapters only: the parent's model rebuilt on its base, merged
+                weights = lora_adapters.merged_weights(checkpoint, path, self.hparams.trust_checkpoint)
             dropped = tuple(h.removeprefix(prefix) for h in self.dropped_heads if h.startswith(prefix))
             if dropped:  # e.g. a classifier fine-tuned from a pretraining checkpoint leaves its MLM/NSP heads
-                weights = {k: v for k, v in model_weights(checkpoint).items() if not k.startswith(dropped)}
+                weights = {k: v for k, v in model_weights(weights).items() if not k.startswith(dropped)}
             try:
                 fresh = load_weights(self.get_submodule(target), path, new, weights)
             except ValueError as err:

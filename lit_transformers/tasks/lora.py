@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import logging
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 # the attention (fused q/k/v, output) and MLP (in, out) projections of nn.blocks, which GPT and BERT share
 PROJECTIONS = ("attn.qkv_proj", "attn.out_proj", "mlp.fc", "mlp.proj")
@@ -176,6 +179,20 @@ def restore_base(task, checkpoint: dict) -> None:
     checkpoint["state_dict"] = {**{k: state[k] for k in _frozen_keys(task)}, **checkpoint["state_dict"]}
 
 
+def merged_weights(checkpoint: Mapping, path: str | Path, trusted: bool) -> dict[str, torch.Tensor]:
+    """The full weights of a LoRA checkpoint's model, for ``init_from``: its task reloaded (which rebuilds the
+    base it names, and checks it), the adapters merged into it, as a plain state dict."""
+    from hydra.utils import get_class
+
+    name = checkpoint.get("task_class", "")
+    if not name.startswith("lit_transformers."):  # importing a module the file names could run its code
+        raise ValueError(
+            f"init_from={path} holds LoRA adapters of an unknown task {name!r}; pass a checkpoint of ours"
+        )
+    parent = get_class(name).load_from_checkpoint(path, map_location="cpu", weights_only=not trusted)
+    return without_adapters(parent.model, merge=True).state_dict()
+
+
 @contextmanager
 def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
     """Inside, ``model`` computes as its frozen base (the adapters are bypassed): a reference model for free."""
@@ -227,6 +244,11 @@ def save_peft_adapter(
     save_dir = Path(save_dir)
     if merge:
         without_adapters(model, merge=True).to_hf(save_dir)
+        log.info(
+            "Wrote merged full weights to %s: each adapted weight is W + B A * alpha / r, and every other weight "
+            "(modules_to_save, trained in full, among them) as trained; load it without peft",
+            save_dir,
+        )
         return save_dir
     from peft import LoraConfig
     from peft.tuners.lora import LoraLayer
