@@ -15,7 +15,9 @@ from lit_transformers.tasks.causal_lm import CausalLMTask
 from lit_transformers.tasks.lora import LoRASpec, adapters_disabled, add_adapters, save_peft_adapter
 from lit_transformers.tasks.sequence_classification import SequenceClassificationTask
 from lit_transformers.tasks.specs import config_spec
+from lit_transformers.train import train
 
+from test_instructgpt import TINY, TINY_DATA, TINY_TASK
 from test_resume import _assert_same_training, _train_in
 
 transformers = pytest.importorskip("transformers")
@@ -187,7 +189,26 @@ def test_lora_without_a_pretrained_base_is_refused():
         task.configure_model()
 
 
+def test_lora_on_a_frozen_model_is_refused(tmp_path):
+    class FrozenLM(CausalLMTask):
+        frozen = ("model",)
+
+    torch.manual_seed(0)
+    base = _base_file(tmp_path, GPT(GPTConfig(**TINY_GPT)))
+    task = FrozenLM(model=GPTConfig(**TINY_GPT), optimizer=ADAM, init_from=base, lora={"r": 4})
+    with pytest.raises(ValueError, match="task.lora on model, which FrozenLM keeps frozen"):
+        task.configure_model()
+
+
 LORA_RUN = ["task.lora={r:4,alpha:8}"]
+# the stage sizes of test_instructgpt, on tiny_lm_run's GPT (TINY_LM) as the base
+SFT_TINY = [
+    *(o for o in TINY if not o.startswith("model.block_size")),
+    *TINY_DATA,
+    *TINY_TASK,
+    "model.block_size=32",
+    "data.max_prompt_length=20",
+]
 
 
 def test_lora_run_resumes_exactly_and_its_checkpoint_reloads_on_its_base(compose_cfg, tmp_path, tiny_lm_run):
@@ -218,3 +239,21 @@ def test_lora_run_resumes_exactly_and_its_checkpoint_reloads_on_its_base(compose
     ids = torch.randint(0, spec["vocab_size"], (2, 8), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(child.model.eval()(ids), reloaded.model.eval()(ids), atol=1e-5, rtol=0)
+
+
+def test_sft_with_lora_trains_through_the_command_line_config(compose_cfg, tiny_lm_run):
+    base = tiny_lm_run / "checkpoints" / "last.ckpt"
+    cfg = compose_cfg(
+        "experiment=gpt_sft",
+        *SFT_TINY,
+        *LORA_RUN,
+        f"init_from={base}",
+        f"data.tokenizer_path={base}",
+    )
+    result = train(
+        cfg
+    )  # tested on its best checkpoint: adapters reloaded onto the base rebuilt from init_from
+    assert torch.isfinite(torch.tensor(result.metrics["test/loss"]))
+    saved = torch.load(result.best_checkpoint, weights_only=True)
+    assert saved["lora_base"]["source"] == f"init_from={base}"
+    assert all(".lora_" in k for k in saved["state_dict"] if k.startswith("model."))
