@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import lightning
 import pytest
 import torch
 from torch import nn
@@ -177,10 +178,36 @@ def test_lora_checkpoint_refuses_another_base_naming_its_own(tmp_path):
         other.on_load_checkpoint(checkpoint)
 
 
+def test_lora_on_a_hugging_face_base_reloads_from_its_directory(tmp_path):
+    _llama().save_pretrained(tmp_path / "llama")
+    task = CausalLMTask(model={}, optimizer=ADAM, init_from_hf=str(tmp_path / "llama"), lora={"r": 4})
+    task.configure_model()
+    nn.init.normal_(task.model.blocks[0].attn.qkv_proj.lora_B["default"].weight)  # as if trained
+    checkpoint = {
+        "state_dict": task.state_dict(),
+        "hyper_parameters": dict(task.hparams),
+        "pytorch-lightning_version": lightning.__version__,
+    }
+    task.on_save_checkpoint(checkpoint)
+    assert checkpoint["lora_base"]["source"] == f"init_from_hf={tmp_path / 'llama'}"
+    torch.save(checkpoint, tmp_path / "lora.ckpt")
+    reloaded = CausalLMTask.load_from_checkpoint(tmp_path / "lora.ckpt", weights_only=True)
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded.model.eval()(ids), task.model.eval()(ids), rtol=0, atol=0)
+
+
 def test_a_target_module_that_matches_nothing_lists_the_module_names(tmp_path):
     with pytest.raises(ValueError, match=r"\['attn.q_proj'\] match no module") as error:
         _gpt_task(tmp_path, {"target_modules": ["attn.q_proj"]})
     assert "blocks.{i}.attn.qkv_proj" in str(error.value) and "lm_head" in str(error.value)
+
+
+def test_unknown_modules_to_save_and_keys_are_named(tmp_path):
+    with pytest.raises(ValueError, match="modules_to_save names 'model.head', which CausalLMTask lacks"):
+        _gpt_task(tmp_path, {"modules_to_save": ["model.head"]})
+    with pytest.raises(ValueError, match=r"unknown keys \['rank'\]; its keys are \['r', 'alpha'"):
+        _gpt_task(tmp_path, {"rank": 4})
 
 
 def test_lora_without_a_pretrained_base_is_refused():

@@ -95,9 +95,8 @@ class Task(L.LightningModule):
     # the field of the first model's config that bounds its input length (GPT's block_size, BERT's max_position):
     # checked against the data's longest sequence before training, not at the first batch that exceeds it
     context_field: str | None = None
-    lora_models: tuple[
-        str, ...
-    ] = ()  # the models ``lora`` puts adapters on; none: the task takes no ``lora``
+    # the models ``lora`` puts adapters on (tasks.lora.DEFAULT_TARGETS); none: the task takes no ``lora``
+    lora_models: tuple[str, ...] = ()
 
     def __init__(
         self,

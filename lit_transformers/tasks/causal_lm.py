@@ -20,7 +20,7 @@ class CausalLMTask(Task):
 
     data_needs = (TokenizedText,)
     context_field = "block_size"
-    lora_models = ("model",)  # task.lora adapts the body (tasks.lora.DEFAULT_TARGETS)
+    lora_models = ("model",)  # task.lora adapts the body
 
     def __init__(self, model: dict | GPTConfig, init_from_hf: str | None = None, **task_args):
         if init_from_hf:  # the architecture is the checkpoint's: recorded now, so a resumed run matches it
