@@ -115,8 +115,8 @@ def configure_lora(task) -> None:
             task.get_submodule(path).requires_grad_(True)
         except AttributeError as err:
             raise ValueError(
-                f"task.lora.modules_to_save names {path!r}, which {type(task).__name__} lacks; name task "
-                f"submodules, e.g. {task.model_names} or their parts ({', '.join(task.model_names)}.<name>)"
+                f"task.lora.modules_to_save names {path!r}, which {type(task).__name__} lacks; name one of its "
+                f"models ({', '.join(task.model_names)}) or a part of one (model.lm_head)"
             ) from err
     task.lora_base = {"source": source, "sha256": base_hash(task)}
 
