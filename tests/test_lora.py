@@ -49,13 +49,16 @@ def _llama() -> nn.Module:
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def _adapted_llama() -> GPT:
-    ours = GPT.from_hf(_llama(), dtype=torch.float32).eval()
+def _adapt(ours: GPT) -> GPT:
     add_adapters(ours, LoRASpec(r=4, alpha=8), "model")
     for name, param in ours.named_parameters():
         if "lora_B" in name:  # peft starts B at zero; random, so the adapters change the logits
             nn.init.normal_(param, std=0.2)
     return ours
+
+
+def _adapted_llama() -> GPT:
+    return _adapt(GPT.from_hf(_llama(), dtype=torch.float32).eval())
 
 
 def _loss(logits: torch.Tensor) -> torch.Tensor:
@@ -83,6 +86,21 @@ def test_our_lora_computes_as_peft_on_the_exported_hf_model_logits_and_gradients
             hf_b = torch.cat([hf_params[f"{name}.lora_B.default.weight"].grad for name in hf_names])
             torch.testing.assert_close(adapter.lora_A["default"].weight.grad, hf_a, atol=1e-4, rtol=0)
             torch.testing.assert_close(adapter.lora_B["default"].weight.grad, hf_b, atol=1e-4, rtol=0)
+
+
+def test_gpt2_layout_adapters_load_on_hf_conv1d(tmp_path):
+    def gpt2():
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+        return transformers.GPT2LMHeadModel(config).eval()
+
+    ours = GPT.from_hf(gpt2(), dtype=torch.float32).eval()
+    _adapt(ours)
+    save_peft_adapter(ours, tmp_path)
+    hf = peft.PeftModel.from_pretrained(gpt2(), tmp_path).eval()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, ours(ids), atol=1e-4, rtol=0)
 
 
 def test_merged_export_is_a_plain_hf_model_with_our_logits(tmp_path):

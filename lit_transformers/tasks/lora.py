@@ -258,9 +258,10 @@ def save_peft_adapter(
 
     name_map = model.hf_converter().name_map(model.config)
     by_ours = {weight.ours: weight for weight in name_map.weights}
-    tensors, targets, layer = {}, set(), None
+    tensors, targets, layer, transposed = {}, set(), None, False
     for name, layer in ((n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)):
         weight = by_ours[f"{name}.weight"]
+        transposed |= weight.layout == "transposed"  # GPT-2's Conv1D: peft's fan_in_fan_out
         hf_names = [key.removesuffix(".weight") for key in _hf_tensors(weight)]
         lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
         parts = lora_b.split(list(weight.split)) if weight.split else lora_b.chunk(len(hf_names))
@@ -284,6 +285,7 @@ def save_peft_adapter(
         lora_dropout=getattr(layer.lora_dropout["default"], "p", 0.0),
         target_modules=sorted(targets),
         modules_to_save=sorted(saved_hf) or None,
+        fan_in_fan_out=transposed,
         task_type="CAUSAL_LM",
     )
     config.save_pretrained(str(save_dir))
