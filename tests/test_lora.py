@@ -13,8 +13,16 @@ from torch import nn
 
 from lit_transformers.models import BERT, GPT, BERTConfig, GPTConfig
 from lit_transformers.tasks.causal_lm import CausalLMTask
-from lit_transformers.tasks.lora import LoRASpec, adapters_disabled, add_adapters, save_peft_adapter
+from lit_transformers.tasks.lora import (
+    LoRASpec,
+    adapters_disabled,
+    add_adapters,
+    export_lora,
+    save_peft_adapter,
+    without_adapters,
+)
 from lit_transformers.tasks.sequence_classification import SequenceClassificationTask
+from lit_transformers.tasks.sft import SFTTask
 from lit_transformers.tasks.specs import config_spec
 from lit_transformers.train import train
 
@@ -286,7 +294,7 @@ def test_lora_run_resumes_exactly_and_its_checkpoint_reloads_on_its_base(compose
         torch.testing.assert_close(child.model.eval()(ids), reloaded.model.eval()(ids), atol=1e-5, rtol=0)
 
 
-def test_sft_with_lora_trains_through_the_command_line_config(compose_cfg, tiny_lm_run):
+def test_sft_with_lora_trains_through_the_command_line_config(compose_cfg, tmp_path, tiny_lm_run):
     base = tiny_lm_run / "checkpoints" / "last.ckpt"
     cfg = compose_cfg(
         "experiment=gpt_sft",
@@ -302,3 +310,14 @@ def test_sft_with_lora_trains_through_the_command_line_config(compose_cfg, tiny_
     saved = torch.load(result.best_checkpoint, weights_only=True)
     assert saved["lora_base"]["source"] == f"init_from={base}"
     assert all(".lora_" in k for k in saved["state_dict"] if k.startswith("model."))
+    # the trained adapters, exported for peft, compute on the exported base (GPT-2 layout) as in our task
+    task = SFTTask.load_from_checkpoint(result.best_checkpoint, weights_only=True).eval()
+    for name, param in task.model.named_parameters():
+        if "lora_B" in name:  # two warmup steps barely move B: as if trained longer
+            nn.init.normal_(param, std=0.2)
+    export_lora(task, tmp_path / "adapter")
+    hf_base = without_adapters(task.model, merge=False).to_hf()
+    hf = peft.PeftModel.from_pretrained(hf_base, tmp_path / "adapter").eval()
+    ids = torch.randint(0, task.model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, task.model(ids), atol=1e-4, rtol=0)

@@ -232,6 +232,14 @@ def _layer_suffix(hf_name: str) -> str:
     return re.sub(r"^.*?\.\d+\.", "", hf_name)
 
 
+def export_lora(task, save_dir: str | Path, merge: bool = False) -> Path:
+    """:func:`save_peft_adapter` of a LoRA causal-LM task (``SFTTask.load_from_checkpoint(ckpt)``): its GPT's
+    adapters, with the ``modules_to_save`` inside the GPT."""
+    saved = lora_spec(task.hparams.lora).modules_to_save or ()
+    inside = [path.removeprefix("model.") for path in saved if path.startswith("model.")]
+    return save_peft_adapter(task.model, save_dir, merge, inside)
+
+
 def save_peft_adapter(
     model: nn.Module, save_dir: str | Path, merge: bool = False, modules_to_save=()
 ) -> Path:
