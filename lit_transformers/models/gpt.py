@@ -208,10 +208,14 @@ class GPT(nn.Module):
 
         return decoder_converter(path_or_model).from_hf(cls, path_or_model, trust_checkpoint, dtype)
 
+    def hf_converter(self):
+        """The converter module this config exports through: ``hf_gpt2`` (the GPT-2 layout) or ``hf_llama``."""
+        from lit_transformers.models import hf_gpt2, hf_llama
+
+        return hf_gpt2 if self.config.norm == "layernorm" else hf_llama
+
     def to_hf(self, save_dir: str | Path | None = None):
         """Export as ``transformers`` ``GPT2LMHeadModel`` (the GPT-2 layout) or ``LlamaForCausalLM`` /
         ``Qwen2ForCausalLM`` (q/k/v biases) / ``MistralForCausalLM`` (a sliding window), and
         ``save_pretrained`` it when save_dir is given."""
-        from lit_transformers.models import hf_gpt2, hf_llama
-
-        return (hf_gpt2 if self.config.norm == "layernorm" else hf_llama).to_hf(self, save_dir)
+        return self.hf_converter().to_hf(self, save_dir)

@@ -21,6 +21,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torchmetrics import MaxMetric, MeanMetric, MinMetric
 
 from lit_transformers.contract import check_data
+from lit_transformers.tasks import lora as lora_adapters
 from lit_transformers.tasks.optim import decay_groups, unrefused_clipping
 from lit_transformers.tasks.specs import build_config, build_from_spec, load_weights, model_weights
 from lit_transformers.text import Tokenizer
@@ -77,6 +78,9 @@ class Task(L.LightningModule):
         tokenizer: the tokenizer's plain state; text tasks set it from the datamodule, and checkpoints
             carry it, so a reloaded task tokenizes exactly as in training.
         trust_checkpoint: allow ``init_from`` files that need arbitrary unpickling (trusted files only).
+        lora: ``{r, alpha, dropout, target_modules, modules_to_save}`` (``tasks.lora.LoRASpec``): train LoRA
+            adapters on ``lora_models`` over their frozen base (which ``init_from`` / ``init_from_hf`` name,
+            and keep naming in the checkpoints); None trains every weight.
     """
 
     new_heads: tuple[
@@ -91,6 +95,8 @@ class Task(L.LightningModule):
     # the field of the first model's config that bounds its input length (GPT's block_size, BERT's max_position):
     # checked against the data's longest sequence before training, not at the first batch that exceeds it
     context_field: str | None = None
+    # the models ``lora`` puts adapters on (tasks.lora.DEFAULT_TARGETS); none: the task takes no ``lora``
+    lora_models: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -100,6 +106,7 @@ class Task(L.LightningModule):
         compile: bool = False,
         tokenizer: dict | None = None,
         trust_checkpoint: bool = False,
+        lora: dict | None = None,
     ):
         super().__init__()
         self.save_hyperparameters(logger=False)  # here, so no subclass can forget it: includes their args
@@ -192,6 +199,7 @@ class Task(L.LightningModule):
             log.warning(
                 "%s starts from random weights: no init_from (%s)", type(self).__name__, self.init_from_hint
             )
+        base_hf = self.hparams.get("init_from_hf")  # build_models clears it, as init_from below, without LoRA
         models = self.build_models()
         for name, module in models.items():
             setattr(self, name, module)
@@ -201,9 +209,15 @@ class Task(L.LightningModule):
         if self.hparams.init_from:
             self._load_init_from(self.hparams.init_from)
             # the weights now live in this task's own checkpoints; reloading them must not need the parent file
-            self.hparams.init_from = None
+            # (a LoRA checkpoint holds adapters only: its base is rebuilt from the source it keeps naming)
+            if self.hparams.lora is None:
+                self.hparams.init_from = None
         for name in self.frozen:
             getattr(self, name).requires_grad_(False).eval()
+        if self.hparams.lora is not None:
+            if base_hf:
+                self.hparams.init_from_hf = base_hf
+            lora_adapters.configure_lora(self)
         if self.hparams.compile:
             for name in self.trainable_models():
                 getattr(self, name).compile()  # in place: state-dict names stay free of "_orig_mod."
@@ -238,9 +252,11 @@ class Task(L.LightningModule):
                     "to train with the parent's tokenizer"
                 )
             weights = checkpoint
+            if "lora_base" in checkpoint:  # adapters only: the parent's model rebuilt on its base, merged
+                weights = lora_adapters.merged_weights(checkpoint, path, self.hparams.trust_checkpoint)
             dropped = tuple(h.removeprefix(prefix) for h in self.dropped_heads if h.startswith(prefix))
             if dropped:  # e.g. a classifier fine-tuned from a pretraining checkpoint leaves its MLM/NSP heads
-                weights = {k: v for k, v in model_weights(checkpoint).items() if not k.startswith(dropped)}
+                weights = {k: v for k, v in model_weights(weights).items() if not k.startswith(dropped)}
             try:
                 fresh = load_weights(self.get_submodule(target), path, new, weights)
             except ValueError as err:
@@ -354,6 +370,11 @@ class Task(L.LightningModule):
         checkpoint["task_class"] = (
             f"{cls.__module__}.{cls.__qualname__}"  # named when a run loads the wrong file
         )
+        if self.hparams.lora is not None:
+            lora_adapters.slim_checkpoint(self, checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        lora_adapters.restore_base(self, checkpoint)
 
     def on_fit_start(self) -> None:
         checkpoints = self.trainer.checkpoint_callback

@@ -1,0 +1,301 @@
+"""LoRA (Hu et al. 2021) through ``peft`` on our own modules, for ``task.lora``.
+
+:func:`configure_lora` adds low-rank adapters to a task's ``lora_models`` by module name (peft's
+``inject_adapter_in_model``), freezes everything else but ``modules_to_save``, and records the frozen base's
+identity: its source (``init_from`` or ``init_from_hf``) and a hash of its weights. A LoRA checkpoint then holds
+only what trains (:func:`slim_checkpoint`), and loading one rebuilds the base from its source and refuses a base
+with other weights (:func:`restore_base`). :func:`save_peft_adapter` writes the adapters in peft's own format
+against the exported Hugging Face model, or the merged full weights; :func:`adapters_disabled` gives the frozen
+base's forward (a reference model without a second copy).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import logging
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+# the attention (fused q/k/v, output) and MLP (in, out) projections of nn.blocks, which GPT and BERT share
+PROJECTIONS = ("attn.qkv_proj", "attn.out_proj", "mlp.fc", "mlp.proj")
+DEFAULT_TARGETS = {"GPT": PROJECTIONS, "BERT": PROJECTIONS}  # by model class
+
+
+@dataclass
+class LoRASpec:
+    """``task.lora``: the adapters' shape, where they go, and what else trains."""
+
+    r: int = 8  # rank of each adapter: delta W = B A with A (r, in), B (out, r)
+    alpha: float = 16.0  # the adapter's output is scaled by alpha / r (peft's lora_alpha)
+    dropout: float = 0.0  # dropout on the adapter's input
+    # module names (or their trailing parts, "attn.qkv_proj") to adapt; None: DEFAULT_TARGETS of the model's family
+    target_modules: list[str] | None = None
+    # task submodules trained in full and saved, e.g. ["classifier"]; None: the task's new heads and models
+    modules_to_save: list[str] | None = None
+
+
+def lora_spec(lora: Mapping) -> LoRASpec:
+    known = [field.name for field in dataclasses.fields(LoRASpec)]
+    unknown = sorted(set(lora) - set(known))
+    if unknown:
+        raise ValueError(f"task.lora has unknown keys {unknown}; its keys are {known}")
+    return LoRASpec(**lora)
+
+
+def module_names(model: nn.Module) -> list[str]:
+    """The names of ``model``'s modules that hold weights of their own, one per layer pattern (``blocks.{i}.``)."""
+    named = (
+        name for name, module in model.named_modules() if next(module.parameters(False), None) is not None
+    )
+    return list(dict.fromkeys(re.sub(r"\.\d+\.", ".{i}.", name) for name in named))
+
+
+def _matches(name: str, target: str) -> bool:
+    return name == target or name.endswith(f".{target}")  # peft's rule for a list of target_modules
+
+
+def add_adapters(model: nn.Module, spec: LoRASpec, where: str) -> None:
+    """Adapters on ``model``'s ``spec.target_modules`` (named ``where`` in errors); peft freezes the rest."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    family = type(model).__name__
+    targets = spec.target_modules or DEFAULT_TARGETS.get(family)
+    if not targets:
+        raise ValueError(
+            f"task.lora has no default target_modules for {where} ({family}); set task.lora.target_modules to "
+            f"some of its modules: {module_names(model)}"
+        )
+    names = [name for name, _ in model.named_modules()]
+    unmatched = [target for target in targets if not any(_matches(name, target) for name in names)]
+    if unmatched:
+        raise ValueError(
+            f"task.lora.target_modules {unmatched} match no module of {where} ({family}); name modules (or their "
+            f"trailing parts, e.g. attn.qkv_proj) among: {module_names(model)}"
+        )
+    config = LoraConfig(
+        r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=list(targets)
+    )
+    inject_adapter_in_model(config, model)
+
+
+def configure_lora(task) -> None:
+    """Apply ``task.hparams.lora`` to the built ``task`` (after ``init_from``): adapters on its ``lora_models``,
+    every other weight frozen but ``modules_to_save``, the base's identity in ``task.lora_base``."""
+    if not task.lora_models:
+        raise ValueError(
+            f"{type(task).__name__} does not take task.lora yet (the causal-LM and BERT tasks do); set task.lora=null"
+        )
+    spec = lora_spec(task.hparams.lora)
+    source = base_source(task.hparams)
+    for name in task.lora_models:
+        if name in task.frozen:
+            raise ValueError(
+                f"task.lora on {name}, which {type(task).__name__} keeps frozen: a frozen model does not train, "
+                "so adapters on it would learn nothing; LoRA goes on the trained models "
+                f"({', '.join(task.trainable_models())})"
+            )
+        add_adapters(getattr(task, name), spec, name)
+    for name in set(task.trainable_models()) - set(task.lora_models):
+        getattr(task, name).requires_grad_(False)
+    saved = spec.modules_to_save
+    if saved is None:  # heads new on top of the base, and models of their own beside it (a classifier)
+        saved = [*task.new_heads, *(n for n in task.trainable_models() if n not in task.lora_models)]
+    for path in saved:
+        try:
+            task.get_submodule(path).requires_grad_(True)
+        except AttributeError as err:
+            raise ValueError(
+                f"task.lora.modules_to_save names {path!r}, which {type(task).__name__} lacks; name one of its "
+                f"models ({', '.join(task.model_names)}) or a part of one (model.lm_head)"
+            ) from err
+    task.lora_base = {"source": source, "sha256": base_hash(task)}
+
+
+def base_source(hparams: Mapping) -> str:
+    """Where the frozen base comes from, as a command line sets it; a LoRA run needs one to rebuild it from."""
+    sources = [f"{key}={hparams[key]}" for key in ("init_from", "init_from_hf") if hparams.get(key)]
+    if not sources:
+        raise ValueError(
+            "task.lora trains adapters on a frozen pretrained base, and this run has none (its LoRA checkpoints "
+            "could not rebuild a random one): set init_from=<checkpoint> or task.init_from_hf=<directory>"
+        )
+    return ", ".join(sources)
+
+
+def base_hash(task) -> str:
+    """sha256 of the frozen weights of the task's ``lora_models``, by name (without peft's ``.base_layer``)."""
+    digest = hashlib.sha256()
+    for model in task.lora_models:
+        frozen = {n: p for n, p in getattr(task, model).named_parameters() if not p.requires_grad}
+        for name in sorted(frozen, key=lambda n: n.replace(".base_layer", "")):
+            digest.update(name.replace(".base_layer", "").encode())
+            digest.update(frozen[name].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _frozen_keys(task) -> set[str]:
+    return {name for name, p in task.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
+def slim_checkpoint(task, checkpoint: dict) -> None:
+    """Drop the frozen weights from a checkpoint of ``task`` and name the base they come from instead."""
+    frozen = _frozen_keys(task)
+    checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k not in frozen}
+    checkpoint["lora_base"] = dict(task.lora_base)
+
+
+def restore_base(task, checkpoint: dict) -> None:
+    """Before a LoRA checkpoint's weights load into ``task``: refuse it unless ``task`` was built on the base it
+    names (same weights), then complete it with the frozen weights of that base."""
+    theirs, ours = checkpoint.get("lora_base"), getattr(task, "lora_base", None)
+    if theirs is None and ours is None:
+        return
+    if theirs is None:
+        raise ValueError(
+            "The checkpoint holds full weights, not LoRA adapters, but this task has task.lora set: load it with "
+            "task.lora=null, or start LoRA from its weights with init_from=<it> instead of ckpt_path"
+        )
+    if ours is None:
+        raise ValueError(
+            f"The checkpoint holds LoRA adapters on the base {theirs['source']}; load it with the task.lora of its run"
+        )
+    if theirs["sha256"] != ours["sha256"]:
+        raise ValueError(
+            f"The checkpoint holds LoRA adapters trained on the base {theirs['source']} (weights sha256 "
+            f"{theirs['sha256'][:12]}), but this task's base, {ours['source']}, has other weights (sha256 "
+            f"{ours['sha256'][:12]}); pass the base it names ({theirs['source']}) with the same weights"
+        )
+    state = task.state_dict()
+    checkpoint["state_dict"] = {**{k: state[k] for k in _frozen_keys(task)}, **checkpoint["state_dict"]}
+
+
+def merged_weights(checkpoint: Mapping, path: str | Path, trusted: bool) -> dict[str, torch.Tensor]:
+    """The full weights of a LoRA checkpoint's model, for ``init_from``: its task reloaded (which rebuilds the
+    base it names, and checks it), the adapters merged into it, as a plain state dict."""
+    from hydra.utils import get_class
+
+    name = checkpoint.get("task_class", "")
+    if not name.startswith("lit_transformers."):  # importing a module the file names could run its code
+        raise ValueError(
+            f"init_from={path} holds LoRA adapters of an unknown task {name!r}; pass a checkpoint of ours"
+        )
+    parent = get_class(name).load_from_checkpoint(path, map_location="cpu", weights_only=not trusted)
+    return without_adapters(parent.model, merge=True).state_dict()
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside, ``model`` computes as its frozen base (the adapters are bypassed): a reference model for free."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [module for module in model.modules() if isinstance(module, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+def without_adapters(model: nn.Module, merge: bool) -> nn.Module:
+    """A copy of ``model`` with plain modules in place of its adapted ones: their base weights, or with
+    ``merge`` the base weights plus the adapters' B A * alpha / r (peft's merge)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    model = copy.deepcopy(model)
+    for name, module in list(model.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            if merge:
+                module.merge()
+            model.set_submodule(name, module.get_base_layer())
+    return model
+
+
+def _hf_tensors(weight) -> tuple[str, ...]:
+    """The HF tensors one of ours is (several where ours fuses them), without the aliases of tied ones."""
+    return weight.hf if isinstance(weight.hf, tuple) else (weight.hf,)
+
+
+def _layer_suffix(hf_name: str) -> str:
+    """``model.layers.3.self_attn.q_proj`` -> ``self_attn.q_proj``: a target name for every layer."""
+    return re.sub(r"^.*?\.\d+\.", "", hf_name)
+
+
+def export_lora(task, save_dir: str | Path, merge: bool = False) -> Path:
+    """:func:`save_peft_adapter` of a LoRA causal-LM task (``SFTTask.load_from_checkpoint(ckpt)``): its GPT's
+    adapters, with the ``modules_to_save`` inside the GPT."""
+    saved = lora_spec(task.hparams.lora).modules_to_save or ()
+    inside = [path.removeprefix("model.") for path in saved if path.startswith("model.")]
+    return save_peft_adapter(task.model, save_dir, merge, inside)
+
+
+def save_peft_adapter(
+    model: nn.Module, save_dir: str | Path, merge: bool = False, modules_to_save=()
+) -> Path:
+    """Write ``model``'s (a GPT with adapters) adapters in peft's format (``adapter_config.json`` +
+    ``adapter_model.safetensors``), named for the Hugging Face model ``model.to_hf()`` exports, so that
+    ``PeftModel.from_pretrained(hf_model, save_dir)`` computes as ``model``. Our fused projections (q/k/v,
+    gate/up) are one adapter: on HF's separate projections each gets its A and its rows of B, which is the same
+    update. ``modules_to_save``: ``model``'s submodules trained in full, written whole. With ``merge``, the full
+    merged weights instead (``to_hf``'s ``save_pretrained``), trained modules included."""
+    save_dir = Path(save_dir)
+    if merge:
+        without_adapters(model, merge=True).to_hf(save_dir)
+        log.info(
+            "Wrote merged full weights to %s: each adapted weight is W + B A * alpha / r, and every other weight "
+            "(modules_to_save, trained in full, among them) as trained; load it without peft",
+            save_dir,
+        )
+        return save_dir
+    from peft import LoraConfig
+    from peft.tuners.lora import LoraLayer
+    from safetensors.torch import save_file
+
+    from lit_transformers.models import hf_convert
+
+    name_map = model.hf_converter().name_map(model.config)
+    by_ours = {weight.ours: weight for weight in name_map.weights}
+    tensors, targets, layer, transposed = {}, set(), None, False
+    for name, layer in ((n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)):
+        weight = by_ours[f"{name}.weight"]
+        transposed |= weight.layout == "transposed"  # GPT-2's Conv1D: peft's fan_in_fan_out
+        hf_names = [key.removesuffix(".weight") for key in _hf_tensors(weight)]
+        lora_a, lora_b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+        parts = lora_b.split(list(weight.split)) if weight.split else lora_b.chunk(len(hf_names))
+        for hf_name, part in zip(hf_names, parts):
+            tensors[f"base_model.model.{hf_name}.lora_A.weight"] = lora_a.detach().clone()
+            tensors[f"base_model.model.{hf_name}.lora_B.weight"] = part.detach().contiguous().clone()
+            targets.add(_layer_suffix(hf_name))
+    if layer is None:
+        raise ValueError("The model has no LoRA adapters to save; train it with task.lora set")
+    saved_hf = set()
+    if modules_to_save:
+        hf_state = hf_convert.state_to_hf(without_adapters(model, merge=False).state_dict(), name_map)
+        for path in modules_to_save:
+            for param in model.get_submodule(path).state_dict():
+                for key in _hf_tensors(by_ours[f"{path}.{param}"]):
+                    tensors[f"base_model.model.{key}"] = hf_state[key].detach().clone()
+                    saved_hf.add(key.rsplit(".", 1)[0])
+    config = LoraConfig(
+        r=layer.r["default"],
+        lora_alpha=layer.lora_alpha["default"],
+        lora_dropout=getattr(layer.lora_dropout["default"], "p", 0.0),
+        target_modules=sorted(targets),
+        modules_to_save=sorted(saved_hf) or None,
+        fan_in_fan_out=transposed,
+        task_type="CAUSAL_LM",
+    )
+    config.save_pretrained(str(save_dir))
+    save_file(tensors, str(save_dir / "adapter_model.safetensors"))
+    return save_dir
