@@ -10,7 +10,6 @@ import sys
 import pytest
 import torch
 from test_cli_commands import _generate_config
-from test_hub_tokenizers import _llama3, _llama3_backend, _save
 
 from lit_transformers.generate import continuations, language_model
 from lit_transformers.tasks import DPOTask, PPOTask, RewardTask
@@ -20,6 +19,7 @@ from lit_transformers.text import Tokenizer, left_pad
 from lit_transformers.train import train
 
 from conftest import REPO, cli_env, compose_train_cfg
+from test_hub_tokenizers import _llama3, _llama3_backend, _save
 from test_instructgpt import TINY, TINY_DATA
 
 transformers = pytest.importorskip("transformers")
