@@ -68,7 +68,8 @@ def hub_language_model(path: str, trust_checkpoint: bool) -> CausalLMTask:
 def language_model(ckpt: str, trust_checkpoint: bool = False) -> CausalLMTask:
     """The causal LM of checkpoint ``ckpt`` as a :class:`CausalLMTask` (its GPT and tokenizer), on the CPU: a GPT
     or SFT checkpoint's model, a PPO or DPO checkpoint's policy (the same GPT, built from the same model
-    config), or a Hugging Face directory's decoder (:func:`hub_language_model`)."""
+    config), a LoRA checkpoint's base with its adapters merged, or a Hugging Face directory's decoder
+    (:func:`hub_language_model`)."""
     if Path(ckpt).expanduser().is_dir():
         return hub_language_model(ckpt, trust_checkpoint)
     checkpoint = read_checkpoint(ckpt, "ckpt", trust_checkpoint)
@@ -84,8 +85,17 @@ def language_model(ckpt: str, trust_checkpoint: bool = False) -> CausalLMTask:
     saved = checkpoint["hyper_parameters"]
     task = CausalLMTask(model=saved["model"], optimizer=saved["optimizer"], tokenizer=saved["tokenizer"])
     task.configure_model()
-    prefix = f"{attribute}."
-    weights = {k.removeprefix(prefix): v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    if (
+        "lora_base" in checkpoint
+    ):  # adapters only: their task rebuilds the base it names, then they are merged
+        from lit_transformers.tasks.lora import merged_weights
+
+        weights = merged_weights(checkpoint, ckpt, trust_checkpoint)
+    else:
+        prefix = f"{attribute}."
+        weights = {
+            k.removeprefix(prefix): v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)
+        }
     task.model.load_state_dict(weights)
     return task
 

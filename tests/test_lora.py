@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from lit_transformers.generate import language_model
 from lit_transformers.models import BERT, GPT, BERTConfig, GPTConfig
 from lit_transformers.tasks.causal_lm import CausalLMTask
 from lit_transformers.tasks.lora import (
@@ -321,3 +322,8 @@ def test_sft_with_lora_trains_through_the_command_line_config(compose_cfg, tmp_p
     ids = torch.randint(0, task.model.config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, task.model(ids), atol=1e-4, rtol=0)
+    # lit-generate and lit-export read the checkpoint as its base with the adapters merged
+    generating = language_model(str(result.best_checkpoint)).eval()
+    reloaded = SFTTask.load_from_checkpoint(result.best_checkpoint, weights_only=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(generating.model(ids), reloaded.model(ids), atol=1e-5, rtol=0)

@@ -97,6 +97,18 @@ def test_missing_separate_val_and_test_files_name_their_own_keys(tmp_path):
     assert_user_error(lambda: dm.splits, "test.csv not found; set data.test_path=")
 
 
+def test_a_tokenizer_path_that_is_not_there_names_its_key(tmp_path):
+    missing = tmp_path / "tokenizer.json"
+    dm = TextClassificationDataModule(
+        source="file", path=str(tmp_path / "train.csv"), tokenizer_path=str(missing)
+    )
+    assert_user_error(dm.load_tokenizer, f"data.tokenizer_path={missing} does not exist")
+    dm = TranslationDataModule(
+        source_tokenizer_path=str(missing), tokenizer_path=str(missing), joint_vocab=False
+    )
+    assert_user_error(dm.load_tokenizers, f"data.source_tokenizer_path={missing} does not exist")
+
+
 def test_jsonl_instructions_without_a_path_name_the_key():
     dm = InstructionDataModule(source="jsonl")
     assert_user_error(dm.records, "set data.path=<file.jsonl>")

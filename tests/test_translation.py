@@ -280,6 +280,28 @@ def test_lit_translate_streams_batches_and_names_the_lines_it_cannot_translate(e
 
 
 @pytest.mark.cli
+def test_lit_translate_stops_quietly_when_its_reader_leaves(endless_checkpoint):
+    """``lit-translate < in | head -1``: once the reader has closed the pipe, the next batch's print ends the command
+    with exit 1 and no BrokenPipeError traceback."""
+    process = subprocess.Popen(
+        _lit_translate(endless_checkpoint, "batch_size=1"),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(),
+    )  # fmt: skip
+    try:
+        process.stdin.write(b"Open file 3\n")
+        process.stdin.flush()
+        process.stdout.readline()  # the first translation, then the reader leaves, as head does
+        process.stdout.close()
+        process.stdin.write(b"Quit\nOpen file 7\n")
+        process.stdin.close()
+        assert process.wait(timeout=120) == 1
+    finally:
+        process.kill()
+    stderr = process.stderr.read().decode()
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+
+
+@pytest.mark.cli
 def test_lit_translate_names_bad_settings_before_loading(tmp_path):
     """A mistyped key in one paragraph, and an encoding that is unknown or not ASCII-compatible (stdin is split at
     newline bytes), each before the checkpoint is read (there is none here)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
+from pathlib import Path
 
 from lit_transformers.data.checks import check_batch_size
 from lit_transformers.data.corpus import CorpusSpec, Document, fingerprint, load_documents, split_documents
@@ -83,6 +84,9 @@ class TextDataModule(CollatedSplits):
         """``path``, else a tokenizer trained on ``texts()`` with ``vocab_size``; ``part`` tells apart the
         tokenizers of one datamodule (a source and a target side)."""
         h = self.hparams
+        check_tokenizer_path(
+            path, "data.source_tokenizer_path" if part == "source" else "data.tokenizer_path"
+        )
         return Tokenizer.for_data(
             path,
             h.cache_dir,
@@ -123,3 +127,12 @@ def _plain(value):
     if isinstance(value, Sequence) and not isinstance(value, str):
         return [_plain(item) for item in value]
     return value
+
+
+def check_tokenizer_path(path: str | None, key: str) -> None:
+    """Refuse a tokenizer file that is not there, naming the setting (``from_file`` cannot: it serves every caller)."""
+    if path and not Path(path).expanduser().exists():
+        raise FileNotFoundError(
+            f"{key}={path} does not exist; pass a tokenizer.json, vocab.txt, Hugging Face directory or .ckpt, "
+            f"or drop {key} to train a tokenizer on the data"
+        )

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from functools import cached_property
 from pathlib import Path
 
-from lit_transformers.data.base import TextDataModule
+from lit_transformers.data.base import TextDataModule, check_tokenizer_path
 from lit_transformers.data.corpus import load_hub_dataset
 from lit_transformers.data.gettext import DEFAULT_LOCALE_DIR, catalog_files, read_mo
 from lit_transformers.data.loaders import make_loader
@@ -244,6 +244,7 @@ class TranslationDataModule(TextDataModule):
         h = self.hparams
         vocab_size = (h.src_vocab_size or h.vocab_size) if side == "source" else h.vocab_size
         if side == "source" and path:  # a translation checkpoint's source side is its source_tokenizer
+            check_tokenizer_path(path, "data.source_tokenizer_path")
             return Tokenizer.from_file(path, checkpoint_key="source_tokenizer")
         texts = lambda: [pair[i] for pair in self.splits["train"] for i in sides]  # noqa: E731
         return self.tokenizer_for(path, texts, vocab_size, part=side)

@@ -33,6 +33,12 @@ def report_user_errors():
     """``HYDRA_FULL_ERROR=1`` keeps the full traceback, as in every Hydra app."""
     try:
         yield
+    except BrokenPipeError:
+        # the reader of our output left (``lit-translate < in | head``): stop without a traceback, and point
+        # stdout at /dev/null so that Python's flush at exit does not raise the same error again (Python's
+        # documented recipe for SIGPIPE, signal module docs)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     except USER_ERRORS as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
