@@ -30,6 +30,12 @@ def add_model_args(p: argparse.ArgumentParser, block_size: int, block_size_help:
     )
 
 
+def use_threads(args: argparse.Namespace) -> None:
+    """``--threads``, before anything is measured (the matmul rate too)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+
 def our_config(args: argparse.Namespace) -> GPTConfig:
     """The ``GPTConfig`` the model flags describe (``--layout``: GPT-2's or Llama's)."""
     llama = {
@@ -57,8 +63,7 @@ def same_weight_pair(args: argparse.Namespace) -> tuple[GPT, torch.nn.Module]:
     """Ours and ``transformers.GPT2LMHeadModel`` exported from it (Conv1D, HF's attention path), computing
     the same function: HF's activation is ATen's GELU, exact or tanh like ours (``args.activation``). With
     ``--layout llama``, ``LlamaForCausalLM`` (SDPA attention, ATen's SiLU, as ours)."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    use_threads(args)
     torch.manual_seed(0)
     config = our_config(args)
     ours = GPT(config)

@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 from lit_transformers.models import GPT
 from lit_transformers.nn import generate
 
-from gpt_pair import add_model_args, our_config
+from gpt_pair import add_model_args, our_config, use_threads
 
 
 def parse_args() -> argparse.Namespace:
@@ -53,8 +53,7 @@ def main() -> None:
     args = parse_args()
     if args.prompt_len + args.new_tokens > args.block_size:
         raise SystemExit(f"--prompt-len + --new-tokens must fit --block-size {args.block_size}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    use_threads(args)
     prompt = torch.randint(
         0, args.vocab_size, (args.batch_size, args.prompt_len), generator=torch.Generator().manual_seed(1)
     )
