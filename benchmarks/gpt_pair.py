@@ -30,13 +30,14 @@ def add_model_args(p: argparse.ArgumentParser, block_size: int, block_size_help:
     )
 
 
-def same_weight_pair(args: argparse.Namespace) -> tuple[GPT, torch.nn.Module]:
-    """Ours and ``transformers.GPT2LMHeadModel`` exported from it (Conv1D, HF's attention path), computing
-    the same function: HF's activation is ATen's GELU, exact or tanh like ours (``args.activation``). With
-    ``--layout llama``, ``LlamaForCausalLM`` (SDPA attention, ATen's SiLU, as ours)."""
+def use_threads(args: argparse.Namespace) -> None:
+    """``--threads``, before anything is measured (the matmul rate too)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+
+
+def our_config(args: argparse.Namespace) -> GPTConfig:
+    """The ``GPTConfig`` the model flags describe (``--layout``: GPT-2's or Llama's)."""
     llama = {
         "norm": "rmsnorm",
         "gated_mlp": True,
@@ -47,7 +48,7 @@ def same_weight_pair(args: argparse.Namespace) -> tuple[GPT, torch.nn.Module]:
         "n_kv_head": args.n_kv_head,
         "d_ff": -(-8 * args.d_model // 3 // 64) * 64,  # Llama's ~8/3 d_model, a multiple of 64
     }
-    config = GPTConfig(
+    return GPTConfig(
         vocab_size=args.vocab_size,
         block_size=args.block_size,
         n_layer=args.n_layer,
@@ -56,6 +57,15 @@ def same_weight_pair(args: argparse.Namespace) -> tuple[GPT, torch.nn.Module]:
         dropout=0.0,
         **({"activation": getattr(args, "activation", "gelu")} if args.layout == "gpt2" else llama),
     )
+
+
+def same_weight_pair(args: argparse.Namespace) -> tuple[GPT, torch.nn.Module]:
+    """Ours and ``transformers.GPT2LMHeadModel`` exported from it (Conv1D, HF's attention path), computing
+    the same function: HF's activation is ATen's GELU, exact or tanh like ours (``args.activation``). With
+    ``--layout llama``, ``LlamaForCausalLM`` (SDPA attention, ATen's SiLU, as ours)."""
+    use_threads(args)
+    torch.manual_seed(0)
+    config = our_config(args)
     ours = GPT(config)
     hf = ours.to_hf()
     if config.activation == "gelu_tanh":  # to_hf writes GPT-2's gelu_new, a slower Python version of the same

@@ -37,7 +37,7 @@ from timing import add_round_args, kept_note, quiet_rounds, ratio_spread
 from lit_transformers.callbacks.throughput import matmul_flops
 from lit_transformers.nn import token_mean
 
-from gpt_pair import add_model_args, same_weight_pair
+from gpt_pair import add_model_args, same_weight_pair, use_threads
 
 
 def parse_args() -> argparse.Namespace:
@@ -146,6 +146,7 @@ def measure(args, batch_size: int, block_size: int, peak: float) -> None:
 
 def main() -> None:
     args = parse_args()
+    use_threads(args)
     peak = matmul_flops()
     print(
         f"GPT training step, fp32, {torch.get_num_threads()} threads, layout {args.layout} (n_kv_head "
