@@ -14,13 +14,14 @@ Each stage starts from the best checkpoint of the stage before it that trains it
 checkpoint's tokenizer and model config, or from an ``init_from`` in its own overrides; a chain where a stage has
 neither is refused before any stage runs. The chain's ``model`` (``model=<preset>``, ``model.*``) is the model that
 pretrain builds; ``init_from_hf=<dir>`` starts the first stage from a Hugging Face decoder directory instead (its
-architecture, weights and tokenizer; the chain's ``model.block_size`` sizes that stage's data). A finished stage writes ``<run>/<stage>/stage.json`` (its best checkpoint
-and test metrics, paths relative to ``run_dir``), so a rerun on the same ``run_dir``, from any directory, skips it. A
-stage stopped by a signal (SIGTERM, Ctrl-C) writes ``interrupted.json`` beside its ``last.ckpt`` and prints the
-command that reruns the chain, which resumes the stage from that step; any other unfinished stage's folder is moved
-aside and the stage starts again. A failing stage stops the chain with its error. At the end the chain prints one
-table and writes ``<run>/summary.json``: ``{stage: {metric: value}}`` with each stage's test metrics. Stages run in
-this process, one after the other (multi-process trainers belong to single-stage runs).
+architecture, weights and tokenizer; the chain's ``model.block_size`` sizes that stage's data), so a chain from it
+needs no pretrain. A finished stage writes ``<run>/<stage>/stage.json`` (its best checkpoint and test metrics, paths
+relative to ``run_dir``), so a rerun on the same ``run_dir``, from any directory, skips it. A stage stopped by a
+signal (SIGTERM, Ctrl-C) writes ``interrupted.json`` beside its ``last.ckpt`` and prints the command that reruns the
+chain, which resumes the stage from that step; any other unfinished stage's folder is moved aside and the stage
+starts again. A failing stage stops the chain with its error. At the end the chain prints one table and writes
+``<run>/summary.json``: ``{stage: {metric: value}}`` with each stage's test metrics. Stages run in this process, one
+after the other (multi-process trainers belong to single-stage runs).
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ def stage_overrides(stage: str, sources: dict[str, str], done: dict[str, dict]) 
     checkpoints = {key: path for key, path in sources.items() if not Path(path).is_dir()}
     if len(checkpoints) < len(
         sources
-    ):  # every model of the stage that the directory can be (PPO: policy, value)
+    ):  # the directory is every model of the stage it can be (PPO: also value)
         overrides.append(f"task.init_from_hf='{primary}'")
     if list(checkpoints) == ["model"]:
         return [*overrides, f"init_from='{primary}'"]
@@ -266,8 +267,10 @@ def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
             *resume,
         ]
         log.info("Chain: stage %s -> %s\n  overrides: %s", stage, stage_dir, " ".join(overrides))
-        parent = next(iter(sources.values()), None)  # whose model config the stage takes: a checkpoint's
-        stage_cfg = compose_stage(overrides, stage_dir, None if hub else parent)
+        parent = (
+            None if hub else next(iter(sources.values()), None)
+        )  # the checkpoint whose model config it takes
+        stage_cfg = compose_stage(overrides, stage_dir, parent)
         if stage == "label":
             comparisons = stage_dir / "comparisons.jsonl"
             counts = label_comparisons(
