@@ -7,16 +7,21 @@ the preference pairs that the reward model and DPO train on.
     lit-instructgpt                                         # the whole chain (= python -m lit_transformers.instructgpt)
     lit-instructgpt 'stages=[pretrain,sft,label,reward,ppo,dpo]'
     lit-instructgpt run_dir=<run>                           # resume: finished stages skipped, a stopped one resumed
+    lit-instructgpt model=llama_nano                        # the chain on another model preset (pretrain builds it)
+    lit-instructgpt init_from_hf=<dir> 'stages=[sft,label,reward,ppo]'   # from a Hugging Face decoder and its tokenizer
 
 Each stage starts from the best checkpoint of the stage before it that trains its model (NEEDS), with that
 checkpoint's tokenizer and model config, or from an ``init_from`` in its own overrides; a chain where a stage has
-neither is refused before any stage runs. A finished stage writes ``<run>/<stage>/stage.json`` (its best checkpoint
-and test metrics, paths relative to ``run_dir``), so a rerun on the same ``run_dir``, from any directory, skips it. A
-stage stopped by a signal (SIGTERM, Ctrl-C) writes ``interrupted.json`` beside its ``last.ckpt`` and prints the
-command that reruns the chain, which resumes the stage from that step; any other unfinished stage's folder is moved
-aside and the stage starts again. A failing stage stops the chain with its error. At the end the chain prints one
-table and writes ``<run>/summary.json``: ``{stage: {metric: value}}`` with each stage's test metrics. Stages run in
-this process, one after the other (multi-process trainers belong to single-stage runs).
+neither is refused before any stage runs. The chain's ``model`` (``model=<preset>``, ``model.*``) is the model that
+pretrain builds; ``init_from_hf=<dir>`` starts the first stage from a Hugging Face decoder directory instead (its
+architecture, weights and tokenizer; the chain's ``model.block_size`` sizes that stage's data), so a chain from it
+needs no pretrain. A finished stage writes ``<run>/<stage>/stage.json`` (its best checkpoint and test metrics, paths
+relative to ``run_dir``), so a rerun on the same ``run_dir``, from any directory, skips it. A stage stopped by a
+signal (SIGTERM, Ctrl-C) writes ``interrupted.json`` beside its ``last.ckpt`` and prints the command that reruns the
+chain, which resumes the stage from that step; any other unfinished stage's folder is moved aside and the stage
+starts again. A failing stage stops the chain with its error. At the end the chain prints one table and writes
+``<run>/summary.json``: ``{stage: {metric: value}}`` with each stage's test metrics. Stages run in this process, one
+after the other (multi-process trainers belong to single-stage runs).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pathlib import Path
 
 import hydra
 from hydra import compose, initialize_config_module
+from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -77,12 +83,15 @@ def check_sources(cfg: DictConfig) -> dict[str, dict[str, str]]:
     unknown = [stage for stage in cfg.stages if stage not in NEEDS]
     if unknown:
         raise ConfigError(f"Unknown chain stage {unknown[0]!r} in stages; choose from {list(NEEDS)}")
+    check_start(cfg)
     given, before = {}, set()
     for stage in cfg.stages:
         spec = list(cfg.stage_configs[stage])
         finished = (Path(cfg.run_dir) / stage / "stage.json").is_file()
         missing = {
-            key: parent for key, parent in NEEDS[stage].items() if parent not in before and not finished
+            key: parent
+            for key, parent in NEEDS[stage].items()
+            if parent not in before and not finished and key not in hub_source(cfg, stage)
         }
         if missing:
             given[stage] = given_checkpoints([*spec, *cfg.common])
@@ -96,6 +105,28 @@ def check_sources(cfg: DictConfig) -> dict[str, dict[str, str]]:
                 )
         before.add(stage)
     return given
+
+
+def check_start(cfg: DictConfig) -> None:
+    """``init_from_hf``, a Hugging Face decoder directory, starts the chain's first stage, which must train."""
+    if cfg.init_from_hf and cfg.stages[0] == "label":
+        raise ConfigError(
+            f"init_from_hf={cfg.init_from_hf} starts the chain's first stage, but label samples a trained SFT "
+            "checkpoint: begin stages with sft, e.g. 'stages=[sft,label,reward,ppo]'"
+        )
+    if cfg.init_from_hf and not Path(cfg.init_from_hf).is_dir():
+        raise ConfigError(
+            f"init_from_hf={cfg.init_from_hf} is not a directory; pass a Hugging Face causal LM directory "
+            "(config.json, model.safetensors and its tokenizer files)"
+        )
+
+
+def hub_source(cfg: DictConfig, stage: str) -> dict[str, str]:
+    """``{init_from key: directory}``: the Hugging Face decoder ``init_from_hf`` gives the chain's first stage in
+    place of the checkpoint of its first model (NEEDS; pretrain's own model), with the directory's tokenizer."""
+    if not cfg.init_from_hf or stage != cfg.stages[0]:
+        return {}
+    return {next(iter(NEEDS[stage]), "model"): cfg.init_from_hf}
 
 
 def missing_source(stage: str, missing: dict[str, str], spec: list[str], stages: list[str]) -> ConfigError:
@@ -119,16 +150,25 @@ def missing_source(stage: str, missing: dict[str, str], spec: list[str], stages:
 
 
 def stage_overrides(stage: str, sources: dict[str, str], done: dict[str, dict]) -> list[str]:
-    """The init_from (``sources``: init_from key -> checkpoint) and data overrides that feed a stage."""
+    """The init_from (``sources``: init_from key -> checkpoint, or the first one a Hugging Face directory: see
+    hub_source) and data overrides that feed a stage; the first source gives the tokenizer."""
     if not sources:
         return []
     primary = next(iter(sources.values()))
     overrides = [f"data.tokenizer_path='{primary}'"]
     if stage in ("reward", "dpo") and "label" in done:
         overrides += ["data.source=jsonl", f"data.path='{done['label']['comparisons']}'", "data.pool=all"]
-    if list(sources) == ["model"]:
+    checkpoints = {key: path for key, path in sources.items() if not Path(path).is_dir()}
+    if len(checkpoints) < len(
+        sources
+    ):  # the directory is every model of the stage it can be (PPO: also value)
+        overrides.append(f"task.init_from_hf='{primary}'")
+    if list(checkpoints) == ["model"]:
         return [*overrides, f"init_from='{primary}'"]
-    return [*overrides, "init_from={" + ", ".join(f"{key}: '{path}'" for key, path in sources.items()) + "}"]
+    if checkpoints:
+        items = ", ".join(f"{key}: '{path}'" for key, path in checkpoints.items())
+        overrides.append("init_from={" + items + "}")
+    return overrides
 
 
 def compose_stage(overrides: list[str], output_dir: Path, parent: str | None) -> DictConfig:
@@ -182,9 +222,15 @@ def read_stage(marker: Path, run_dir: Path) -> dict:
     return info
 
 
+# the chain's model config (its model preset and model.* keys) as a preset of the model group, which the stage that
+# builds its model composes, under that stage's own overrides
+CHAIN_MODEL = "lit_instructgpt_chain"
+
+
 def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
     run_dir = Path(cfg.run_dir)
     given = check_sources(cfg)
+    ConfigStore.instance().store(group="model", name=CHAIN_MODEL, node=cfg.model)
     done: dict[str, dict] = {}
     for stage in cfg.stages:
         stage_dir = run_dir / stage
@@ -205,13 +251,26 @@ def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
             log.warning(
                 "Chain: %s did not finish before; its folder moved to %s, starting it again", stage, aside
             )
-        sources = {
+        hub = hub_source(cfg, stage)
+        sources = hub | {
             key: done[parent]["checkpoint"] if parent in done else given[stage][key]
             for key, parent in NEEDS[stage].items()
+            if key not in hub
         }
-        overrides = [*cfg.stage_configs[stage], *cfg.common, *stage_overrides(stage, sources, done), *resume]
+        # a stage that builds its model (pretrain, or from init_from_hf) has the chain's; the others their parent's
+        preset = [f"model={CHAIN_MODEL}"] if hub or not sources else []
+        overrides = [
+            *preset,
+            *cfg.stage_configs[stage],
+            *cfg.common,
+            *stage_overrides(stage, sources, done),
+            *resume,
+        ]
         log.info("Chain: stage %s -> %s\n  overrides: %s", stage, stage_dir, " ".join(overrides))
-        stage_cfg = compose_stage(overrides, stage_dir, next(iter(sources.values()), None))
+        parent = (
+            None if hub else next(iter(sources.values()), None)
+        )  # the checkpoint whose model config it takes
+        stage_cfg = compose_stage(overrides, stage_dir, parent)
         if stage == "label":
             comparisons = stage_dir / "comparisons.jsonl"
             counts = label_comparisons(

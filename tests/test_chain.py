@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
 from test_lifecycle import ENDLESS, _stop_after_steps, _train_steps
 
 from lit_transformers.instructgpt import chain
@@ -24,26 +26,28 @@ from conftest import REPO, assert_user_error, cli_env
 from test_instructgpt import TINY, TINY_DATA, TINY_TASK
 
 
-def _tiny_chain(run_dir, stages: list[str], cache_dir):
-    """The chain's config at tiny sizes: two steps a stage, writing into ``run_dir``; the model shape is given to
-    pretrain alone (the chain's own block size), as the later stages take their parent's."""
-    cfg = OmegaConf.load(REPO / "lit_transformers" / "conf" / "instructgpt.yaml")
-    del cfg["hydra"]
+def _chain_config(*overrides: str) -> DictConfig:
+    """The chain's config as lit-instructgpt composes it, without Hydra's own keys."""
+    GlobalHydra.instance().clear()
+    with initialize_config_module("lit_transformers.conf", version_base="1.3"):
+        return compose("instructgpt", overrides=list(overrides))
+
+
+def _tiny_chain(run_dir, stages: list[str], cache_dir, *chain_overrides: str):
+    """The chain's config at tiny sizes: two steps a stage, writing into ``run_dir``; the model shape is the chain's
+    (at its own block size), which pretrain builds and the later stages take from their parent."""
+    shape = [o for o in TINY if o.startswith("model.") and not o.startswith("model.block_size")]
+    cfg = _chain_config(*shape, *chain_overrides)
     cfg.run_dir = str(run_dir)
     cfg.stages = stages
     cfg.label.max_new_tokens = 4
-    shape = [o for o in TINY if o.startswith("model.")]
     cfg.common = [
-        *(o for o in TINY if o not in shape),
+        *(o for o in TINY if not o.startswith("model.")),
         f"paths.cache_dir={cache_dir}",
         "trainer.max_steps=2",
         "trainer.val_check_interval=2",
     ]
-    cfg.stage_configs.pretrain = [
-        *(o for o in cfg.stage_configs.pretrain if o.startswith("model.")),
-        *(o for o in shape if not o.startswith("model.block_size")),
-        "data.vocab_size=300",
-    ]
+    cfg.stage_configs.pretrain = [*cfg.stage_configs.pretrain, "data.vocab_size=300"]
     for stage in ("sft", "label", "reward", "ppo", "dpo"):
         cfg.stage_configs[stage] = [*cfg.stage_configs[stage], "data.n_examples=120"]
         if stage in ("sft", "ppo", "dpo"):
@@ -87,8 +91,7 @@ def test_chain_runs_every_stage_feeds_the_next_and_resumes(tmp_path, cache_dir, 
 
 def test_chain_feeds_on_the_checkpoint_judged_best_not_the_latest(tmp_path, cache_dir):
     # two checkpoints kept, "best" by the highest val/loss: the earlier one, unless the loss rose
-    cfg = OmegaConf.load(REPO / "lit_transformers" / "conf" / "instructgpt.yaml")
-    del cfg["hydra"]
+    cfg = _chain_config()
     cfg.run_dir = str(tmp_path / "run")
     cfg.stages = ["pretrain"]
     cfg.common = [
@@ -243,3 +246,83 @@ def test_a_signal_during_a_stage_prints_the_resume_command_and_a_rerun_resumes_t
         run / "pretrain" / "interrupted.json"
     ).exists()
     assert not list(tmp_path.glob("run/pretrain.incomplete-*"))
+
+
+# ---- the chain's model: a preset, or a Hugging Face decoder --------------------------------------------
+
+TRAINED_STAGES = ("pretrain", "sft", "reward", "ppo", "dpo")
+
+
+def _stage_models(run) -> dict[str, dict]:
+    """The model config each trained stage's best checkpoint was built with, by stage."""
+    models = {}
+    for stage in TRAINED_STAGES:
+        if (run / stage / "stage.json").is_file():
+            checkpoint = run / json.loads((run / stage / "stage.json").read_text())["checkpoint"]
+            models[stage] = torch.load(checkpoint, weights_only=True)["hyper_parameters"]["model"]
+    return models
+
+
+def test_the_chain_on_the_llama_preset_builds_the_llama_layout_in_every_stage(tmp_path, cache_dir):
+    stages = ["pretrain", "sft", "label", "reward", "ppo", "dpo"]
+    llama = ["model=llama_nano", "model.n_kv_head=1", "model.d_ff=48"]  # multi-query at the tiny shape
+    summary = chain(_tiny_chain(tmp_path / "run", stages, cache_dir, *llama))
+    assert list(summary) == stages
+    preset = OmegaConf.load(REPO / "lit_transformers" / "conf" / "model" / "llama_nano.yaml")
+    layout = ("norm", "gated_mlp", "activation", "position", "bias", "tie_embeddings")
+    models = _stage_models(tmp_path / "run")
+    assert list(models) == list(TRAINED_STAGES)
+    for stage, model in models.items():
+        assert [model[k] for k in layout] == [preset[k] for k in layout], stage
+        assert (model["n_kv_head"], model["d_ff"], model["n_layer"], model["d_model"]) == (1, 48, 1, 32), (
+            stage
+        )
+        assert model["block_size"] == 64, stage  # the chain's context, not the preset's 128
+
+
+def test_the_chain_starts_from_a_hugging_face_decoder_and_its_tokenizer_without_pretrain(
+    tmp_path, cache_dir, caplog
+):
+    transformers = pytest.importorskip("transformers")
+    from test_hub_stages import _hub_model
+
+    from test_hub_tokenizers import _llama3
+
+    hub_dir = tmp_path / "hub"
+    tokenizer = _llama3(hub_dir)
+    _hub_model(tokenizer).save_pretrained(hub_dir)
+    hf = transformers.AutoConfig.from_pretrained(hub_dir)
+    run = tmp_path / "run"
+    cfg = _tiny_chain(run, ["sft", "label", "reward", "ppo"], cache_dir, f"init_from_hf={hub_dir}")
+    with caplog.at_level(logging.INFO, logger="lit_transformers"):
+        assert list(chain(cfg)) == ["sft", "label", "reward", "ppo"]
+    assert f"init_from_hf: loaded the GPT in {hub_dir}" in caplog.text
+    sft = OmegaConf.load(run / "sft" / "config_resolved.yaml")
+    assert sft.task.init_from_hf == str(hub_dir) and sft.data.tokenizer_path == str(hub_dir)
+    assert sft.data.max_length == 64  # the chain's block size sizes the first stage's data
+    # every stage holds the directory's architecture (not the chain's GPT-nano) and its tokenizer's vocabulary
+    models = _stage_models(run)
+    assert list(models) == ["sft", "reward", "ppo"]
+    for stage, model in models.items():
+        shape = [model[k] for k in ("n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "block_size")]
+        assert shape == [
+            hf.num_hidden_layers,
+            hf.num_attention_heads,
+            hf.num_key_value_heads,
+            hf.hidden_size,
+            hf.intermediate_size,
+            hf.max_position_embeddings,
+        ], stage
+        assert (model["norm"], model["vocab_size"]) == ("rmsnorm", len(tokenizer)), stage
+
+
+def test_init_from_hf_is_refused_where_the_first_stage_cannot_start_from_it(tmp_path, cache_dir):
+    run = tmp_path / "run"
+    gone = tmp_path / "no_such_model"
+    cfg = _tiny_chain(run, ["sft", "label"], cache_dir, f"init_from_hf={gone}")
+    assert_user_error(lambda: chain(cfg), f"init_from_hf={gone} is not a directory")
+    cfg = _tiny_chain(run, ["label", "reward"], cache_dir, f"init_from_hf={tmp_path}")
+    assert_user_error(
+        lambda: chain(cfg), "label samples a trained SFT checkpoint", "'stages=[sft,label,reward,ppo]'"
+    )
+    assert not run.exists()
