@@ -61,7 +61,8 @@ def create_backbone(
             raise ValueError(
                 "pretrained_file is set but pretrained=false; set model.backbone.pretrained=true"
             )
-        # JAX .npz weights are read by timm's models themselves
+        kwargs["pretrained_cfg_overlay"] = {"file": str(pretrained_file)}
+        # JAX .npz weights are read by timm's models themselves, classifier included
         if Path(pretrained_file).suffix not in (".npz", ".npy"):
             read_weights(  # refused here in a paragraph, not in a traceback from inside timm
                 pretrained_file,
@@ -70,11 +71,10 @@ def create_backbone(
                 "model.state_dict(), path) or a .safetensors file), which holds tensors only",
                 corrupt_fix="Download or save the weights again",
             )
-        kwargs["pretrained_cfg_overlay"] = {"file": str(pretrained_file)}
-    if pretrained_file is not None:  # the file's own class count, not the preset's (ImageNet's 1000)
-        kwargs["pretrained_cfg_overlay"]["num_classes"] = _file_classes(
-            name, pretrained_file, kwargs.get("num_classes")
-        )
+            # the file's own class count, not the preset's (ImageNet's 1000)
+            kwargs["pretrained_cfg_overlay"]["num_classes"] = _file_classes(
+                name, pretrained_file, kwargs.get("num_classes")
+            )
     if not timm.is_model(name):
         raise ValueError(f"Unknown timm model {name!r}; see timm.list_models('vit_*') for names")
     try:
