@@ -241,12 +241,13 @@ def group_advantages(
     grouped = rewards.view(-1, num_generations)  # (prompts, G)
     centred = grouped - grouped.mean(1, keepdim=True)
     if scale_rewards == "batch":
-        stats = torch.stack([rewards.sum(), (rewards * rewards).sum(), rewards.new_tensor(rewards.numel())])
+        r = rewards.double()  # sums of squares in float64: no cancellation against the mean's square
+        stats = torch.stack([r.sum(), (r * r).sum(), r.new_tensor(r.numel())])
         if all_reduce is not None:
             stats = all_reduce(stats)
         total, total_sq, n = stats.unbind()
         var = (total_sq - total * total / n) / (n - 1).clamp(min=1)
-        std = var.clamp(min=0).sqrt().expand_as(grouped)
+        std = var.clamp(min=0).sqrt().to(rewards.dtype).expand_as(grouped)
     elif scale_rewards in ("group", "none"):  # "none" still tells zero-std groups apart, for logging
         std = grouped.std(1, keepdim=True).expand_as(grouped) if num_generations > 1 else 0 * grouped
     else:
