@@ -4,6 +4,7 @@ real config (first ratio, frozen models, DDP, resume) and the chain's grpo stage
 from __future__ import annotations
 
 import csv
+import json
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -340,3 +341,34 @@ def test_grpo_resumed_mid_run_trains_exactly_as_the_run_that_went_on(compose_cfg
     weights = [torch.load(d / "checkpoints" / "last.ckpt")["state_dict"] for d in (straight, resumed)]
     for name, value in weights[1].items():
         torch.testing.assert_close(value, weights[0][name], rtol=0, atol=0, msg=name)
+
+
+# ---- the chain's grpo stage ----------------------------------------------------------------------------------
+
+
+def test_chain_grpo_on_the_judge_starts_from_sft_alone_and_on_the_reward_model_needs_the_reward_stage(
+    tmp_path, cache_dir
+):
+    from omegaconf import OmegaConf
+    from test_chain import _tiny_chain
+
+    from lit_transformers.instructgpt import chain
+
+    from conftest import assert_user_error
+
+    run = tmp_path / "run"
+    cfg = _tiny_chain(run, ["pretrain", "sft", "grpo"], cache_dir)
+    cfg.stage_configs.grpo = [*cfg.stage_configs.grpo, *TINY_DATA[:1], *TINY_TASK, "task.num_generations=2"]
+    rewarded = OmegaConf.to_container(cfg.stage_configs.grpo) + ["task.rewards=[{reward_model: 1.0}]"]
+    summary = chain(cfg)
+    assert {"judge_exact", "kl"} <= set(summary["grpo"])
+    grpo = OmegaConf.load(run / "grpo" / "config_resolved.yaml")
+    sft = json.loads((run / "sft" / "stage.json").read_text())["checkpoint"]  # relative to the run folder
+    assert dict(grpo.init_from) == {"policy": str(run / sft)}  # the judge needs no reward model
+    cfg.stage_configs.grpo = rewarded
+    (run / "grpo" / "stage.json").unlink()
+    assert_user_error(
+        lambda: chain(cfg),
+        "Chain stage grpo starts from the reward model (init_from.reward)",
+        "'stages=[pretrain,sft,reward,grpo]'",
+    )
