@@ -13,7 +13,9 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
+from lit_transformers.models import GPT
 from lit_transformers.nn.rlhf import group_advantages, grpo_loss
+from lit_transformers.tasks.instruct import response_logprobs
 from lit_transformers.tasks.rewards import parse_rewards, score_completions
 from lit_transformers.train import train
 
@@ -298,6 +300,30 @@ def test_init_from_of_a_model_the_run_does_not_build_is_refused(compose_cfg, tin
     )
     with pytest.raises(ValueError, match="needs a reward_model reward in task.rewards"):
         train(cfg)
+
+
+def test_grpo_under_lora_has_no_reference_copy_its_reference_is_the_frozen_base(compose_cfg, tiny_lm_run):
+    ckpt = tiny_lm_run / "checkpoints" / "last.ckpt"
+    cfg = _grpo_cfg(
+        compose_cfg,
+        f"init_from={{policy: '{ckpt}'}}",
+        f"data.tokenizer_path={ckpt}",
+        "model.block_size=32",  # the parent's
+        "data.max_prompt_length=24",
+        "task.lora={r: 4, alpha: 8}",
+        "task.rewards=[{reward_model: 1.0}]",  # scores apart: the adapters move
+    )
+    task, _, _ = _fit(cfg, max_steps=2)
+    assert task.model_names == ["policy", "reward"]
+    base = GPT(task.policy.config)
+    state = torch.load(ckpt)["state_dict"]
+    base.load_state_dict({k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")})
+    seq = torch.randint(3, 300, (2, 12), generator=torch.Generator().manual_seed(0))
+    attn = torch.ones_like(seq, dtype=torch.bool)
+    with torch.no_grad():
+        reference = task.reference_logprobs(seq, attn, 6)
+        torch.testing.assert_close(reference, response_logprobs(base.eval(), seq, attn, 6, 1.0))
+        assert not torch.allclose(response_logprobs(task.policy, seq, attn, 6, 1.0), reference)
 
 
 @pytest.mark.cli
