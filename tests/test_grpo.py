@@ -13,6 +13,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
+from lit_transformers.generate import language_model
 from lit_transformers.models import GPT
 from lit_transformers.nn.rlhf import group_advantages, grpo_loss
 from lit_transformers.tasks.instruct import response_logprobs
@@ -291,6 +292,13 @@ def test_beta_zero_holds_no_reference_and_logs_no_kl(compose_cfg):
     assert task.frozen == ()
     metrics = train(cfg).metrics
     assert "val/judge_exact" in metrics and not {"kl", "val/kl"} & set(metrics)
+    # lit-generate and lit-export take its policy
+    ckpt = torch.load(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt", weights_only=False)
+    generating = language_model(
+        str(Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt")
+    ).model.state_dict()
+    for name, value in generating.items():
+        assert torch.equal(value, ckpt["state_dict"][f"policy.{name}"]), name
 
 
 def test_init_from_of_a_model_the_run_does_not_build_is_refused(compose_cfg, tiny_lm_run):
