@@ -6,7 +6,7 @@ the preference pairs that the reward model and DPO train on.
 
     lit-instructgpt                                         # the whole chain (= python -m lit_transformers.instructgpt)
     lit-instructgpt 'stages=[pretrain,sft,label,reward,ppo,dpo]'
-    lit-instructgpt 'stages=[pretrain,sft,grpo]'                    # GRPO on the judge: no reward model needed
+    lit-instructgpt 'stages=[pretrain,sft,grpo]'            # GRPO rewarded by the judge: no reward model needed
     lit-instructgpt run_dir=<run>                           # resume: finished stages skipped, a stopped one resumed
     lit-instructgpt model=llama_nano                        # the chain on another model preset (pretrain builds it)
     lit-instructgpt init_from_hf=<dir> 'stages=[sft,label,reward,ppo]'   # from a Hugging Face decoder and its tokenizer
@@ -60,10 +60,8 @@ NEEDS = {
     "label": {"model": "sft"},
     "reward": {"model": "sft"},
     "ppo": {"policy": "sft", "reward": "reward"},
-    "grpo": {
-        "policy": "sft",
-        "reward": "reward",
-    },  # the reward model only for a reward_model reward: stage_needs
+    # the reward model only for a reward_model reward (stage_needs)
+    "grpo": {"policy": "sft", "reward": "reward"},
     "dpo": {"model": "sft"},
 }
 TRAINED = {
@@ -150,8 +148,11 @@ def missing_source(stage: str, missing: dict[str, str], spec: list[str], stages:
         f"{TRAINED[p]} (init_from{'' if k == 'model' else '.' + k})" for k, p in missing.items()
     )
     wanted = set(stages) | set(missing.values())
-    parents = lambda s: missing.values() if s == stage else NEEDS[s].values()  # noqa: E731 - GRPO: not always a reward model
-    while extra := {p for s in wanted for p in parents(s)} - wanted:  # the parents' parents too
+    needs = {
+        **NEEDS,
+        stage: missing,
+    }  # the stage's own: GRPO's holds a reward model only for a reward_model reward
+    while extra := {p for s in wanted for p in needs[s].values()} - wanted:  # the parents' parents too
         wanted |= extra
     given = [
         f"init_from=<{p}.ckpt>" if k == "model" else f"+init_from.{k}=<{p}.ckpt>" for k, p in missing.items()
