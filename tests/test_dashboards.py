@@ -104,6 +104,7 @@ def test_table_cells_survive_tensorboard_and_reach_csv_and_wandb_unchanged(tmp_p
 
 # ---- one step axis --------------------------------------------------------------------------------------
 
+CLIP = 1e-6  # far below any real gradient norm
 ON_TENSORBOARD = ["logger=tensorboard", "trainer.num_sanity_val_steps=0"]  # the sanity check logs no metrics
 TINY_VISION = [*TINY_TRAINER, "test=true"]
 
@@ -184,3 +185,14 @@ def test_ppo_progress_bar_counts_its_iterations(compose_cfg):
     shown = bar.progress.tasks[bar.train_progress_bar_id]
     assert iterations.batches == 3 and trainer.global_step == 12
     assert shown.total == shown.completed == iterations.batches
+
+
+@pytest.mark.parametrize(
+    "family", ["gpt", "ppo"]
+)  # Lightning's clipping (automatic optimisation), PPO's own (manual)
+def test_grad_norm_is_logged_before_clipping(family, compose_cfg, tmp_path):
+    clip = {"gpt": "trainer.gradient_clip_val", "ppo": "task.max_grad_norm"}[family]
+    train(compose_cfg(*_runs(tmp_path)[family], f"{clip}={CLIP}", "trainer.limit_val_batches=0"))
+    with open(tmp_path / "csv" / "metrics.csv") as f:
+        norms = [float(row["train/grad_norm"]) for row in csv.DictReader(f) if row["train/grad_norm"]]
+    assert norms and all(norm > 100 * CLIP for norm in norms), norms  # a clipped norm would read CLIP
