@@ -103,7 +103,6 @@ def test_table_cells_survive_tensorboard_and_reach_csv_and_wandb_unchanged(tmp_p
 
 # ---- one step axis --------------------------------------------------------------------------------------
 
-CLIP = 1e-6  # far below any real gradient norm
 ON_TENSORBOARD = ["logger=tensorboard", "trainer.num_sanity_val_steps=0"]  # the sanity check logs no metrics
 TINY_VISION = [*TINY_TRAINER, "test=true"]
 
@@ -159,6 +158,9 @@ def test_ppo_progress_bar_counts_its_iterations(compose_cfg, tmp_path, capfd):
         iterations = sum(bool(row["objective/scores"]) for row in csv.DictReader(f))  # logged every iteration
     assert iterations == 3
     assert re.search(rf"iteration\W+{iterations}/{iterations} ", bar) and "/12" not in bar, bar[-2000:]
+
+
+CLIP = 1e-6  # far below any real gradient norm
 
 
 @pytest.mark.parametrize(
