@@ -159,16 +159,19 @@ class MaskedLMTask(EncoderTask):
             )
         return rows
 
-    def log_predictions(self, sentences: list[str]) -> None:
-        """The top-5 table and the attention picture of ``sentences``. Every rank runs the forwards (under
-        FSDP each needs them all); the dashboards take rank 0's."""
-        rows = self.predict_masked(sentences)
+    def log_predictions(self, sentences: list[str], k: int = 5) -> None:
+        """The top-k table (one row per masked position, each prediction and its probability in columns of
+        their own, so a punctuation token is not read as a separator) and the attention picture of
+        ``sentences``. Every rank runs the forwards (under FSDP each needs them all); the dashboards take rank
+        0's."""
+        rows = self.predict_masked(sentences, k)
+        ranked = [f"{name}{rank}" for rank in range(1, k + 1) for name in ("top", "p")]  # top1, p1, top2...
         log_table(
             self.trainer,
-            "val/mlm_top5",
-            ["sentence", "position", "true", "top-5"],
+            f"val/mlm_top{k}",
+            ["sentence", "position", "true", *ranked],
             [
-                [r["sentence"], r["position"], r["true"], " ".join(f"{t}:{p:.3f}" for t, p in r["top"])]
+                [r["sentence"], r["position"], r["true"], *(x for pair in r["top"] for x in pair)]
                 for r in rows
             ],
         )
