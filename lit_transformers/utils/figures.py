@@ -34,7 +34,8 @@ def figure_style():
 
 
 def _short(label) -> str:
-    text = " ".join(str(label).split())  # newlines and tabs would break a tick label's line
+    # newlines and tabs would break a tick label's line; a whitespace token (BPE's " ") shows as ␣
+    text = " ".join(str(label).split()) or "␣"
     return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + "…"
 
 
@@ -62,7 +63,7 @@ def matrix_figure(
             f"A {rows} x {cols} matrix needs {rows} row and {cols} column labels, got {len(row_labels)} and "
             f"{len(col_labels)}"
         )
-    cell = 0.5 if cell_text is not None else 0.28  # inches per cell: room for the numbers when written
+    cell = 0.6 if cell_text is not None else 0.28  # inches per cell: room for the numbers when written
     width = min(max(MIN_SIZE[0], cols * cell + 3.5), MAX_INCHES)
     height = min(max(MIN_SIZE[1], rows * cell + 2.5), MAX_INCHES)
     with figure_style():
@@ -80,7 +81,7 @@ def matrix_figure(
             for i in range(rows):
                 for j in range(cols):
                     dark = (values[i, j] - low) < 0.6 * (high - low)  # viridis is dark at the low end
-                    ax.text(j, i, cell_text[i][j], ha="center", va="center", fontsize=7,
+                    ax.text(j, i, cell_text[i][j], ha="center", va="center", fontsize=9,
                             color="white" if dark else "black")  # fmt: skip
     return figure
 
