@@ -9,9 +9,9 @@ from lit_transformers.models import BERT
 from lit_transformers.nn import IGNORE_INDEX, token_cross_entropy, token_mean
 from lit_transformers.tasks.base import eval_mode
 from lit_transformers.tasks.encoder import EncoderTask
-from lit_transformers.tasks.evaluation import labeled_matrix_image
 from lit_transformers.text import mask_tokens, pack_pair, right_pad
 from lit_transformers.utils.dashboards import log_image, log_table
+from lit_transformers.utils.figures import attention_figure
 
 
 class MaskedLMTask(EncoderTask):
@@ -181,5 +181,5 @@ class MaskedLMTask(EncoderTask):
         with eval_mode(self.model):
             attention = self.model.attention_map(torch.tensor([ids], device=self.device))[0]  # (T, T)
         names = [tok.id_to_token(i) for i in ids]
-        image = labeled_matrix_image(attention, names, names, x_title="key", y_title="query")
-        log_image(self.trainer, "val/attention_last_layer", image)
+        figure = attention_figure(attention, names, names, title="last-layer attention (mean over heads)")
+        log_image(self.trainer, "val/attention_last_layer", figure)

@@ -15,6 +15,10 @@ from collections.abc import Sequence
 
 import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+from matplotlib import pyplot as plt
+from matplotlib.figure import Figure
+
+from lit_transformers.utils.figures import figure_to_image
 
 SIGNIFICANT_DIGITS = 4  # of a table's numbers: 0.1235, 12.35, 1235.0
 
@@ -31,9 +35,15 @@ def _file_name(key: str) -> str:
     return key.replace("/", "_")
 
 
-def log_image(trainer, key: str, image: torch.Tensor) -> None:
-    """A (3, H, W) uint8 image; CSV runs get ``<csv dir>/images/<key>_step<N>.png``."""
-    if not trainer.is_global_zero:
+def log_image(trainer, key: str, image: torch.Tensor | Figure) -> None:
+    """A (3, H, W) uint8 image or a matplotlib Figure (rendered to one, then closed); CSV runs get
+    ``<csv dir>/images/<key>_step<N>.png``. Nothing during the sanity check: its step-0 pictures come from
+    an untrained model on a couple of batches, and would sit first on every slider."""
+    logged = trainer.is_global_zero and not trainer.sanity_checking
+    if isinstance(image, Figure):
+        figure, image = image, figure_to_image(image) if logged else None
+        plt.close(figure)  # a pyplot-made figure would otherwise stay open for the whole run
+    if not logged:
         return
     step = logged_step(trainer)
     for logger in trainer.loggers:
