@@ -115,8 +115,11 @@ def test_similarity_figure_sorts_by_class_and_names_the_image_and_caption_axes()
 
 def _trainer(tmp_path: Path | None = None, sanity_checking: bool = False, step: int = 7) -> SimpleNamespace:
     loggers = [CSVLogger(tmp_path, name="csv", version="")] if tmp_path else []
+    fit_loop = SimpleNamespace(
+        epoch_loop=SimpleNamespace(_batches_that_stepped=step)
+    )  # dashboards.logged_step
     return SimpleNamespace(
-        is_global_zero=True, sanity_checking=sanity_checking, global_step=step, loggers=loggers
+        is_global_zero=True, sanity_checking=sanity_checking, fit_loop=fit_loop, loggers=loggers
     )
 
 
