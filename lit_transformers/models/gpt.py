@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,6 +26,9 @@ from lit_transformers.nn import (
     norm_layer,
     token_embedding,
 )
+
+if TYPE_CHECKING:
+    from lit_transformers.text import Tokenizer
 
 
 @dataclass
@@ -214,8 +218,22 @@ class GPT(nn.Module):
 
         return hf_gpt2 if self.config.norm == "layernorm" else hf_llama
 
-    def to_hf(self, save_dir: str | Path | None = None):
+    def to_hf(self, save_dir: str | Path | None = None, tokenizer: Tokenizer | None = None):
         """Export as ``transformers`` ``GPT2LMHeadModel`` (the GPT-2 layout) or ``LlamaForCausalLM`` /
         ``Qwen2ForCausalLM`` (q/k/v biases) / ``MistralForCausalLM`` (a sliding window), and
-        ``save_pretrained`` it when save_dir is given."""
-        return self.hf_converter().to_hf(self, save_dir)
+        ``save_pretrained`` it when save_dir is given. Our config holds no token ids: given the ``tokenizer`` the
+        model was trained with, config.json carries its bos/eos/pad ids (None for a role it lacks) and
+        generation_config.json stops at any of its ``end_of_turn_ids``, as instruct models ship; without one
+        they stay unset (GPT-2's 50256 in a GPT-2-size vocabulary)."""
+        hf_model = self.hf_converter().to_hf(self)
+        if tokenizer is not None:
+            import transformers
+
+            special = {f"{role}_token_id": tokenizer.ids.get(role) for role in ("bos", "eos", "pad")}
+            hf_model.config.update(special)
+            hf_model.generation_config = transformers.GenerationConfig(
+                **special | {"eos_token_id": tokenizer.end_of_turn_ids}
+            )
+        if save_dir is not None:
+            hf_model.save_pretrained(str(save_dir))
+        return hf_model

@@ -169,7 +169,7 @@ def hf_config(c: GPTConfig):
         "rope_theta": c.rope_theta,
         "rope_scaling": scaling,
         "attention_dropout": c.dropout,
-        # our config holds no token ids; set them from your tokenizer
+        # our config holds no token ids: GPT.to_hf(tokenizer=...) sets them from the tokenizer
         "bos_token_id": None,
         "eos_token_id": None,
         "pad_token_id": None,
