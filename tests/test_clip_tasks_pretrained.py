@@ -6,6 +6,7 @@ transformers' logits."""
 from __future__ import annotations
 
 import json
+import logging
 from types import SimpleNamespace
 
 import open_clip
@@ -22,6 +23,7 @@ from test_clip_pretrained import (
     _perturbed,
     _resnet_clip,
 )
+from torchvision import datasets, transforms
 
 from lit_transformers.tasks import ContrastiveTask
 from lit_transformers.tasks.zero_shot import ZeroShotTask
@@ -30,6 +32,10 @@ from lit_transformers.text import Tokenizer
 from image_helpers import run_experiment, write_image_folder
 
 transformers = pytest.importorskip("transformers")
+# OpenAI CLIP's pixel statistics, as experiment=clip_zero_shot sets them
+CLIP_NORMALIZE = transforms.Normalize(
+    (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+)
 
 
 def _open_clip_dir(tmp_path, model, config) -> str:
@@ -106,10 +112,34 @@ def test_zero_shot_logits_are_transformers_clip_logits_over_the_class_prompts(tm
         torch.testing.assert_close(task.model(images), expected, **ATOL)
 
 
-def test_clip_zero_shot_experiment_scores_an_image_folder(tmp_path):
-    _hf_clip_dir(tmp_path / "clip", image_size=16, channels=3)
+def _hf_zero_shot_accuracy(hf, hf_tokenizer, folder, template: str) -> float:
+    """transformers' CLIP classifying every image of ``folder`` (CLIP's normalisation, no resize: the images
+    have the model's size) by the prompt of each class folder's name."""
+    images = datasets.ImageFolder(
+        folder, transform=transforms.Compose([transforms.ToTensor(), CLIP_NORMALIZE])
+    )
+    pixels, labels = (torch.stack(part) for part in zip(*[(x, torch.tensor(y)) for x, y in images]))
+    prompts = hf_tokenizer(
+        [template.format(name) for name in images.classes], padding="max_length", max_length=16
+    )
+    with torch.no_grad():
+        logits = hf(input_ids=torch.tensor(prompts["input_ids"]), pixel_values=pixels).logits_per_image
+    return (logits.argmax(1) == labels).float().mean().item()
+
+
+def test_clip_zero_shot_experiment_scores_every_image_of_a_folder_as_transformers_does(tmp_path, caplog):
+    hf, hf_tokenizer = _hf_clip_dir(tmp_path / "clip", image_size=16, channels=3)
     folder = write_image_folder(tmp_path / "images", per_class=10, size=16)
     overrides = [f"task.{key}={tmp_path / 'clip'}" for key in ("init_from_hf", "tokenizer_path")]
     overrides += [f"data.root={folder}", "data.img_size=16", "data.num_workers=0", "trainer.accelerator=cpu"]
-    metrics = run_experiment(tmp_path / "run", ["experiment=clip_zero_shot", *overrides])
+    overrides += ["task.templates=['a photo of a {}.']"]
+    with caplog.at_level(logging.INFO):
+        metrics = run_experiment(tmp_path / "run", ["experiment=clip_zero_shot", *overrides])
     assert {"test/acc", "test/acc_top3", "test/acc_class/cat", "test/acc_class_min"} <= set(metrics)
+    assert f"the test split is every image of {folder} (30)" in caplog.text
+    assert metrics["test/acc"] == pytest.approx(
+        _hf_zero_shot_accuracy(hf, hf_tokenizer, folder, "a photo of a {}.")
+    )
+    # nothing trained: the pretrained weights are what is tested, which is no cause for a warning
+    assert "No checkpoint to test" not in caplog.text
+    assert "testing the weights that task.init_from_hf loaded" in caplog.text
