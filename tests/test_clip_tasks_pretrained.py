@@ -25,7 +25,9 @@ from test_clip_pretrained import (
 )
 from torchvision import datasets, transforms
 
+from lit_transformers.models import CLIP
 from lit_transformers.tasks import ContrastiveTask
+from lit_transformers.tasks.linear_probe import LinearProbeTask
 from lit_transformers.tasks.zero_shot import ZeroShotTask
 from lit_transformers.text import Tokenizer
 
@@ -143,3 +145,50 @@ def test_clip_zero_shot_experiment_scores_every_image_of_a_folder_as_transformer
     # nothing trained: the pretrained weights are what is tested, which is no cause for a warning
     assert "No checkpoint to test" not in caplog.text
     assert "testing the weights that task.init_from_hf loaded" in caplog.text
+
+
+def test_a_linear_probe_reads_clips_image_features_through_a_frozen_tower(tmp_path):
+    hf, _ = _hf_clip_dir(tmp_path, image_size=16, channels=3)
+    task = LinearProbeTask(init_from_hf=str(tmp_path), optimizer={})
+    task.data = SimpleNamespace(class_names=["cat", "dog", "fox"])
+    task.configure_model()
+    images = _images(5, 16)
+    with torch.no_grad():
+        expected = hf(input_ids=torch.tensor([[0, 2513]]), pixel_values=images).image_embeds  # L2-normalised
+    torch.testing.assert_close(task.model.encode_image(images), expected, **ATOL)
+    logits = task(images)
+    torch.testing.assert_close(logits, task.head(expected), **ATOL)
+    logits.sum().backward()
+    assert all(p.grad is not None for p in task.head.parameters())
+    assert not any(p.requires_grad or p.grad is not None for p in task.model.parameters())
+    assert (
+        task.hparams.init_from_hf is None and task.hparams.model["vocab_size"] == 2514
+    )  # reloads rebuild it
+
+
+def test_clip_linear_probe_experiment_trains_only_the_head_on_the_digits(tmp_path):
+    checkpoint = tmp_path / "clip"
+    _hf_clip_dir(checkpoint, image_size=8, channels=1)
+    overrides = [f"task.init_from_hf={checkpoint}", "data=digits", "data.img_size=8", "data.in_chans=1"]
+    overrides += ["data.mean=[0.3]", "data.std=[0.38]", "data.num_workers=0", "data.batch_size=64"]
+    overrides += [
+        "trainer.accelerator=cpu",
+        "trainer.max_steps=30",
+        "trainer.val_check_interval=10",
+        "task.scheduler.warmup_steps=5",
+    ]
+    metrics = run_experiment(tmp_path / "run", ["experiment=clip_linear_probe", *overrides])
+    assert {"val/acc", "test/acc", "test/acc_top5", "test/acc_class/zero", "test/acc_class_min"} <= set(
+        metrics
+    )
+    original = CLIP.from_hf(checkpoint).state_dict()
+    heads = []
+    for name in ("step_000010.ckpt", "last.ckpt"):  # after 10 and 30 steps
+        state = torch.load(tmp_path / "run" / "checkpoints" / name, weights_only=True)
+        # the optimizer holds the head's weight and bias, nothing of the tower
+        assert sum(len(group["params"]) for group in state["optimizer_states"][0]["param_groups"]) == 2
+        weights = state["state_dict"]
+        tower = {k.removeprefix("model."): v for k, v in weights.items() if k.startswith("model.")}
+        assert tower.keys() == original.keys() and all(torch.equal(tower[k], original[k]) for k in original)
+        heads.append(weights["head.weight"])
+    assert heads[0].shape == (10, 16) and not torch.equal(*heads)  # the head trained

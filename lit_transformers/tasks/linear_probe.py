@@ -1,0 +1,62 @@
+"""Linear probe: a classifier head trained on the frozen image tower of a pretrained CLIP."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from lit_transformers.models.clip import CLIP
+from lit_transformers.tasks.contrastive import pretrained_clip, pretrained_clip_config
+from lit_transformers.tasks.image_classification import ImageClassificationTask
+from lit_transformers.tasks.specs import build_config, config_spec
+
+
+class LinearProbeTask(ImageClassificationTask):
+    """A published CLIP's image features (``CLIP.encode_image``: the projected, L2-normalised embedding that
+    zero-shot classification also reads) classified by a trained linear ``head`` (``experiment=clip_linear_probe``);
+    the CLIP, ``model``, stays frozen. Reports :class:`ImageClassificationTask`'s metrics (top-1/top-5, per-class
+    accuracy, confusion matrix).
+
+    Args: ``init_from_hf`` (a Hugging Face CLIP directory) or ``init_from_open_clip`` (an open_clip Hub-layout
+    directory), as in :class:`~lit_transformers.tasks.contrastive.ContrastiveTask`: the checkpoint's architecture
+    replaces ``model`` and its weights are loaded once (checkpoints of this task rebuild it without the
+    directory); the rest as in :class:`ImageClassificationTask`, but ``layer_decay``, which scales the lr of
+    a fine-tuned backbone, and a frozen one has none."""
+
+    frozen = ("model",)
+
+    def __init__(
+        self,
+        init_from_hf: str | None = None,
+        init_from_open_clip: str | None = None,
+        model: dict | None = None,
+        **task_args,
+    ):
+        if init_from_hf and init_from_open_clip:
+            raise ValueError("Set one of task.init_from_hf and task.init_from_open_clip, not both")
+        if task_args.get("layer_decay") is not None:
+            raise ValueError("A linear probe trains its head only: leave task.layer_decay=null")
+        if init_from_hf or init_from_open_clip:  # the checkpoint's architecture, recorded for reloads
+            model = config_spec(pretrained_clip_config(init_from_hf, init_from_open_clip))
+        super().__init__(model=model, **task_args)
+
+    def build_models(self) -> dict[str, nn.Module]:
+        h = self.hparams
+        n = len(self.attach_class_names())
+        self.build_metrics(n)
+        if h.init_from_hf or h.init_from_open_clip:
+            clip = pretrained_clip(h.init_from_hf, h.init_from_open_clip)
+            h.init_from_hf = h.init_from_open_clip = None  # applied once: checkpoints carry the weights
+        elif h.model.get("vocab_size"):  # reloading a checkpoint of this task, whose weights come next
+            clip = CLIP(build_config(h.model))
+        else:
+            raise ValueError(
+                "A linear probe reads a pretrained CLIP's features: set task.init_from_hf=<Hugging Face CLIP "
+                "directory> or task.init_from_open_clip=<open_clip directory>"
+            )
+        return {"model": clip, "head": nn.Linear(clip.config.embed_dim, n)}
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():  # frozen: no activations kept for a backward pass
+            features = self.model.encode_image(images)  # (B, embed_dim), L2-normalised
+        return self.head(features)  # (B, n_classes)
