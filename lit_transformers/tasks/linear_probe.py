@@ -20,7 +20,8 @@ class LinearProbeTask(ImageClassificationTask):
     Args: ``init_from_hf`` (a Hugging Face CLIP directory) or ``init_from_open_clip`` (an open_clip Hub-layout
     directory), as in :class:`~lit_transformers.tasks.contrastive.ContrastiveTask`: the checkpoint's architecture
     replaces ``model`` and its weights are loaded once (checkpoints of this task rebuild it without the
-    directory); the rest as in :class:`ImageClassificationTask`, but ``layer_decay``, which scales the lr of
+    directory); ``label_smoothing`` (none by default: a probe is fitted to the labels); the rest as in
+    :class:`ImageClassificationTask`, but ``layer_decay``, which scales the lr of
     a fine-tuned backbone, and a frozen one has none."""
 
     frozen = ("model",)
@@ -30,6 +31,7 @@ class LinearProbeTask(ImageClassificationTask):
         init_from_hf: str | None = None,
         init_from_open_clip: str | None = None,
         model: dict | None = None,
+        label_smoothing: float = 0.0,
         **task_args,
     ):
         if init_from_hf and init_from_open_clip:
@@ -38,7 +40,7 @@ class LinearProbeTask(ImageClassificationTask):
             raise ValueError("A linear probe trains its head only: leave task.layer_decay=null")
         if init_from_hf or init_from_open_clip:  # the checkpoint's architecture, recorded for reloads
             model = config_spec(pretrained_clip_config(init_from_hf, init_from_open_clip))
-        super().__init__(model=model, **task_args)
+        super().__init__(model=model, label_smoothing=label_smoothing, **task_args)
 
     def build_models(self) -> dict[str, nn.Module]:
         h = self.hparams
