@@ -1,7 +1,7 @@
 """The CLIP tasks from published weights, on random ones (no download): task.init_from_open_clip /
 task.init_from_hf load the checkpoint (and refuse a ResNet CLIP, or a run tokenizer that is not the CLIP's),
-a converted CLIP fine-tunes on the digits, and experiment=clip_zero_shot scores an ImageFolder with
-transformers' logits."""
+a converted CLIP fine-tunes on the digits, experiment=clip_zero_shot scores every image of an ImageFolder as
+transformers does, and experiment=clip_linear_probe trains a head on a frozen CLIP's image features."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import logging
 from types import SimpleNamespace
 
+import lightning as L
 import open_clip
 import pytest
 import safetensors.torch
@@ -28,10 +29,17 @@ from torchvision import datasets, transforms
 from lit_transformers.models import CLIP
 from lit_transformers.tasks import ContrastiveTask
 from lit_transformers.tasks.linear_probe import LinearProbeTask
+from lit_transformers.tasks.specs import model_weights
 from lit_transformers.tasks.zero_shot import ZeroShotTask
 from lit_transformers.text import Tokenizer
 
-from image_helpers import run_experiment, write_image_folder
+from image_helpers import (
+    FixedBatches,
+    fixed_caption_batch,
+    run_experiment,
+    tiny_clip_task,
+    write_image_folder,
+)
 
 transformers = pytest.importorskip("transformers")
 # OpenAI CLIP's pixel statistics, as experiment=clip_zero_shot sets them
@@ -161,27 +169,39 @@ def test_a_linear_probe_reads_clips_image_features_through_a_frozen_tower(tmp_pa
     logits.sum().backward()
     assert all(p.grad is not None for p in task.head.parameters())
     assert not any(p.requires_grad or p.grad is not None for p in task.model.parameters())
-    assert (
-        task.hparams.init_from_hf is None and task.hparams.model["vocab_size"] == 2514
-    )  # reloads rebuild it
+    # applied once: the task's checkpoints rebuild the CLIP from the recorded architecture
+    assert task.hparams.init_from_hf is None and task.hparams.model["vocab_size"] == 2514
 
 
-def test_clip_linear_probe_experiment_trains_only_the_head_on_the_digits(tmp_path):
-    checkpoint = tmp_path / "clip"
-    _hf_clip_dir(checkpoint, image_size=8, channels=1)
-    overrides = [f"task.init_from_hf={checkpoint}", "data=digits", "data.img_size=8", "data.in_chans=1"]
-    overrides += ["data.mean=[0.3]", "data.std=[0.38]", "data.num_workers=0", "data.batch_size=64"]
+def _contrastive_checkpoint(path) -> str:
+    """A checkpoint of ours after one contrastive step (experiment=clip's task on 8x8 grayscale images)."""
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(tiny_clip_task(), datamodule=FixedBatches(fixed_caption_batch(4)))
+    trainer.save_checkpoint(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("source", ["init_from_hf", "init_from"])
+def test_clip_linear_probe_experiment_trains_only_the_head_on_the_digits(tmp_path, source):
+    """From a converted random HF CLIP (task.init_from_hf) or a CLIP checkpoint of ours (init_from)."""
+    if source == "init_from_hf":
+        _hf_clip_dir(tmp_path / "clip", image_size=8, channels=1)
+        original = CLIP.from_hf(tmp_path / "clip").state_dict()
+        overrides = [f"task.init_from_hf={tmp_path / 'clip'}"]
+    else:
+        checkpoint = _contrastive_checkpoint(tmp_path / "clip.ckpt")
+        original = model_weights(torch.load(checkpoint, weights_only=True))
+        overrides = [f"init_from={checkpoint}"]
+    overrides += ["data=digits", "data.img_size=8", "data.in_chans=1", "data.mean=[0.3]", "data.std=[0.38]"]
+    overrides += ["data.num_workers=0", "trainer.accelerator=cpu", "trainer.max_steps=30"]
     overrides += [
-        "trainer.accelerator=cpu",
-        "trainer.max_steps=30",
         "trainer.val_check_interval=10",
         "task.scheduler.warmup_steps=5",
+        "callbacks.model_checkpoint.save_top_k=-1",
     ]
     metrics = run_experiment(tmp_path / "run", ["experiment=clip_linear_probe", *overrides])
-    assert {"val/acc", "test/acc", "test/acc_top5", "test/acc_class/zero", "test/acc_class_min"} <= set(
-        metrics
-    )
-    original = CLIP.from_hf(checkpoint).state_dict()
+    expected = {"val/acc", "test/acc", "test/acc_top5", "test/acc_class/zero", "test/acc_class_min"}
+    assert expected <= set(metrics)
     heads = []
     for name in ("step_000010.ckpt", "last.ckpt"):  # after 10 and 30 steps
         state = torch.load(tmp_path / "run" / "checkpoints" / name, weights_only=True)
@@ -192,3 +212,21 @@ def test_clip_linear_probe_experiment_trains_only_the_head_on_the_digits(tmp_pat
         assert tower.keys() == original.keys() and all(torch.equal(tower[k], original[k]) for k in original)
         heads.append(weights["head.weight"])
     assert heads[0].shape == (10, 16) and not torch.equal(*heads)  # the head trained
+
+
+def test_a_linear_probe_without_a_pretrained_clip_or_with_layer_decay_is_refused_naming_the_keys(tmp_path):
+    task = LinearProbeTask(model={"_target_": "lit_transformers.models.clip.CLIPConfig"}, optimizer={})
+    task.data = SimpleNamespace(class_names=["cat", "dog"])
+    with pytest.raises(ValueError, match=r"set task\.init_from_hf=.*init_from=<a CLIP \.ckpt of ours>"):
+        task.configure_model()
+    with pytest.raises(ValueError, match=r"task\.layer_decay=null"):
+        LinearProbeTask(init_from_hf=str(tmp_path), layer_decay=0.65, optimizer={})
+    gpt = {
+        "state_dict": {"model.w": torch.zeros(1)},
+        "hyper_parameters": {"model": {"_target_": "GPTConfig"}},
+    }
+    torch.save(gpt, tmp_path / "gpt.ckpt")
+    with pytest.raises(
+        ValueError, match=r"holds no CLIP \(its model is GPTConfig\); pass a checkpoint of experiment=clip"
+    ):
+        LinearProbeTask(init_from=str(tmp_path / "gpt.ckpt"), optimizer={})
