@@ -26,6 +26,7 @@ from test_clip_pretrained import (
 )
 from torchvision import datasets, transforms
 
+from lit_transformers.data.images import ImageClassificationDataModule
 from lit_transformers.models import CLIP
 from lit_transformers.tasks import ContrastiveTask
 from lit_transformers.tasks.linear_probe import LinearProbeTask
@@ -153,6 +154,16 @@ def test_clip_zero_shot_experiment_scores_every_image_of_a_folder_as_transformer
     # nothing trained: the pretrained weights are what is tested, which is no cause for a warning
     assert "No checkpoint to test" not in caplog.text
     assert "testing the weights that task.init_from_hf loaded" in caplog.text
+
+
+def test_a_folder_scored_whole_leaves_nothing_to_train_on_and_says_so(tmp_path):
+    folder = write_image_folder(tmp_path, per_class=3)
+    rgb = {"img_size": 16, "in_chans": 3, "mean": [0.5] * 3, "std": [0.5] * 3}
+    data = ImageClassificationDataModule("folder", str(folder), val_fraction=0.0, test_fraction=1.0, **rgb)
+    data.setup()
+    assert len(data.datasets["test"]) == 9
+    with pytest.raises(ValueError, match=r"train split is empty: data\.test_fraction=1\.0 puts every image"):
+        data.train_dataloader()
 
 
 def test_a_linear_probe_reads_clips_image_features_through_a_frozen_tower(tmp_path):
