@@ -175,11 +175,15 @@ class PPOTask(PolicyEvaluation, Task):
                 targets[f"{name}.body"] = targets.pop(name)  # a GPT checkpoint: the body, with a fresh head
         super()._load_init_from(targets)
 
+    @property
+    def optimizer_steps_per_batch(self) -> int:
+        """Optimizer steps of one PPO iteration (a training batch); the progress bar counts iterations."""
+        return self.hparams.num_ppo_epochs * self.hparams.num_mini_batches
+
     def total_steps(self) -> int:
         if self.trainer.max_steps > 0:
             return self.trainer.max_steps  # manual optimisation: global_step counts optimizer steps already
-        h = self.hparams
-        return int(self.trainer.estimated_stepping_batches) * h.num_ppo_epochs * h.num_mini_batches
+        return int(self.trainer.estimated_stepping_batches) * self.optimizer_steps_per_batch
 
     def _all_reduce(self, stats: torch.Tensor) -> torch.Tensor:
         return self.trainer.strategy.reduce(stats, reduce_op="sum") if self.trainer.world_size > 1 else stats
