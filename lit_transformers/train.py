@@ -58,8 +58,14 @@ def best_checkpoint(cfg: DictConfig, trainer: L.Trainer) -> str | None:
 
 
 def warn_nothing_to_test(cfg: DictConfig, trainer: L.Trainer) -> None:
-    """Says why there is no checkpoint to test, so the current weights are tested."""
+    """Says why there is no checkpoint to test, so the current weights are tested; a run that trains nothing
+    and starts from pretrained weights (experiment=clip_zero_shot) tests those, which needs no warning."""
     checkpoints = trainer.checkpoint_callback
+    keys = ("init_from", "init_from_hf", "init_from_open_clip")  # the task keys that load pretrained weights
+    pretrained = [f"task.{key}" for key in keys if cfg.task.get(key)]
+    if not cfg.train and pretrained:
+        log.info("Nothing trains: testing the weights that %s loaded", " and ".join(pretrained))
+        return
     if not cfg.train:
         why = "train=false without ckpt_path; pass ckpt_path=<run>/checkpoints/<name>.ckpt"
     elif trainer.fast_dev_run:

@@ -86,7 +86,7 @@ class ImageClassificationTask(Task):
 
     def training_step(self, batch, batch_idx):
         images, targets = batch
-        logits = self.model(images)  # (B, n_classes)
+        logits = self(images)  # (B, n_classes)
         loss = self.loss(logits, targets)
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
         if targets.ndim == 1:
@@ -95,7 +95,7 @@ class ImageClassificationTask(Task):
 
     def _eval_step(self, batch, metrics: MetricCollection) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = batch
-        logits = self.model(images)
+        logits = self(images)
         stage = metrics.prefix.rstrip("/")
         self.log_mean(
             f"{stage}/loss", F.cross_entropy(logits.float(), labels, reduction="none"), prog_bar=True
