@@ -123,6 +123,8 @@ def test_counted_tokens_leave_padding_out():
     ids, valid = right_pad(_sequences(), PAD)
     bert = {"input_ids": ids, "attention_mask": valid, "token_type_ids": torch.zeros_like(ids)}
     assert count_batch(_module(), bert) == count_batch(_module(), {"input_ids": ids})  # mask or pad id alike
+    no_padding = SimpleNamespace(model=None, tokenizer=None)  # a tokenizer-less module: every id is real
+    assert count_batch(no_padding, {"input_ids": ids}).tokens == ids.numel()
     assert (count_batch(_module(), bert).samples, count_batch(_module(), bert).tokens) == (3, sum(LENGTHS))
     # SFT: prompt + completion, padded, the last column dropped (no target): the longest loses its last token
     items = [{"prompt": s[:2], "completion": s[2:]} for s in _sequences()]

@@ -42,7 +42,7 @@ def synchronize(device: torch.device) -> None:
 
 @dataclass
 class BatchCount:
-    samples: int  # sequences, images, image-caption pairs, preference pairs or prompts
+    samples: int  # sequences (rows, when packed), images, image-caption pairs, preference pairs or prompts
     tokens: int | None = None  # real (non-padding) tokens; None where the unit is an image or a prompt
     flops: int | None = None  # training FLOPs (forward + backward) of the model, None where not counted
 
@@ -81,8 +81,10 @@ def count_batch(pl_module: L.LightningModule, batch) -> BatchCount:
         ids, mask = batch["input_ids"], batch.get("attention_mask")
         tokenizer = getattr(pl_module, "tokenizer", None)
         pad_id = tokenizer.pad_id if tokenizer is not None else None
-        real = mask if mask is not None and mask.dim() == 2 else ids != pad_id
-        tokens = int(real.sum())
+        if mask is not None and mask.dim() == 2:
+            tokens = int(mask.sum())
+        else:  # no mask, or a packed batch's (R, 1, T, T) one
+            tokens = ids.numel() if pad_id is None else int((ids != pad_id).sum())
         flops_per_token = getattr(model, "flops_per_token", None)
         return BatchCount(ids.size(0), tokens, flops_per_token and flops_per_token(ids.size(1)) * tokens)
     return BatchCount(batch["prompt_ids"].size(0))
