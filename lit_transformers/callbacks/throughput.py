@@ -116,9 +116,10 @@ class Throughput(L.Callback):
     def _peak(self, trainer, pl_module) -> float:
         if self.peak_flops is None:
             dtype = precision_dtype(str(trainer.precision))
-            self.peak_flops = get_available_flops(pl_module.device, dtype) or matmul_flops(
-                pl_module.device, dtype
-            )
+            self.peak_flops = get_available_flops(pl_module.device, dtype)
+            if self.peak_flops is None:
+                self._pause()  # seconds of matmuls, at the first step that has FLOPs: not training time
+                self.peak_flops = matmul_flops(pl_module.device, dtype)
         return self.peak_flops
 
     # validation, checkpoint writing and the turn of an epoch are not training time: they stop the clock, and
@@ -160,7 +161,7 @@ class Throughput(L.Callback):
 
 class StageClock:
     """Seconds of each stage of a training step that has stages (PPO's and GRPO's generation, scoring and
-    update), logged as ``train/time/<stage>_s``: ``start()``, then ``lap(stage)`` at the end of each stage (the
+    update), logged as ``train/time/<stage>_s``: ``start(device)``, then ``lap(stage)`` at the end of each stage (the
     seconds since the previous lap, the device's queued work included), then ``log(module)``."""
 
     def __init__(self):
