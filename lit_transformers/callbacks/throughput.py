@@ -161,8 +161,8 @@ class Throughput(L.Callback):
 
 class StageClock:
     """Seconds of each stage of a training step that has stages (PPO's and GRPO's generation, scoring and
-    update), logged as ``train/time/<stage>_s``: ``start(device)``, then ``lap(stage)`` at the end of each stage (the
-    seconds since the previous lap, the device's queued work included), then ``log(module)``."""
+    update), logged as ``train/time/<stage>_s``: ``start(device)``, then ``lap(stage)`` at the end of each
+    stage (the seconds since the previous lap, the device's queued work included), then ``log(module)``."""
 
     def __init__(self):
         self.device = torch.device("cpu")
