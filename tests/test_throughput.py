@@ -13,7 +13,7 @@ from test_precision import FAMILIES
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from lit_transformers.callbacks.throughput import count_batch
+from lit_transformers.callbacks.throughput import count_batch, matmul_flops
 from lit_transformers.data.instructions import collate
 from lit_transformers.models import BERT, GPT, BERTConfig, GPTConfig
 from lit_transformers.models.backbone import create_backbone, vit_flops_per_image
@@ -150,6 +150,16 @@ def test_translation_counts_real_target_tokens_and_the_flops_of_real_tokens():
     per_source, per_target = model.flops_per_token(6, 7)
     assert (count.samples, count.tokens) == (3, sum(LENGTHS))
     assert count.flops == per_source * 12 + per_target * sum(LENGTHS)
+
+
+def test_measuring_the_peak_leaves_the_random_stream_alone():
+    """Measured at the first step with FLOPs (CPUs, unlisted GPUs): a draw from the run's stream there would
+    change every later dropout mask, and a resumed run's against an uninterrupted one."""
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    assert matmul_flops(n=64) > 0
+    assert torch.equal(torch.rand(3), expected)
 
 
 # ---- every family's run -----------------------------------------------------------------------------------

@@ -22,8 +22,10 @@ from lightning.fabric.utilities.throughput import get_available_flops
 def matmul_flops(
     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, n: int = 2048
 ) -> float:
-    """This device's measured FLOP/s on a large (n x n x n) matmul: the best of a few, after a warm-up."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    """This device's measured FLOP/s on a large (n x n x n) matmul: the best of a few, after a warm-up. Its
+    own random generator: measured during training, it leaves the run's random stream (dropout) alone."""
+    generator = torch.Generator(device).manual_seed(0)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype, generator=generator) for _ in range(2))
     best = float("inf")
     for _ in range(4):
         synchronize(a.device)
