@@ -2,8 +2,8 @@
 
 A token passing through an ``nn.Linear`` costs 2 FLOPs per weight forward and 4 backward (the gradients of the
 input and of the weight): 6 per weight, PaLM's 6N (Chowdhery et al. 2022, appendix B). Attention adds, per
-token and layer, 2 * d FLOPs per attended position for the scores and as many for the weighted values,
-times 3 with the backward: ``12 * span * d``.
+token and layer, 2 * width FLOPs per attended position for the scores and as many for the weighted values,
+times 3 with the backward: ``12 * span * width``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ def linear_weights(module: nn.Module) -> int:
     return sum(m.weight.numel() for m in module.modules() if isinstance(m, nn.Linear))
 
 
-def attention_flops(n_layer: int, span: int, d_model: int) -> int:
-    """Training FLOPs per token of ``n_layer`` attention layers of width ``d_model`` over ``span`` positions
-    (query heads times head size: grouped-query attention repeats keys/values, so it costs the same)."""
-    return 12 * n_layer * span * d_model
+def attention_flops(n_layer: int, span: int, width: int) -> int:
+    """Training FLOPs per token of ``n_layer`` attention layers over ``span`` positions; ``width`` is the query
+    heads times the head size (d_model, unless a head size of its own is set; grouped-query attention repeats
+    keys/values for every query head, so it costs the same)."""
+    return 12 * n_layer * span * width
