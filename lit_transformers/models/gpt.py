@@ -15,12 +15,14 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lit_transformers.nn import (
+    TRAINING_FLOPS_PER_WEIGHT,
     DecoderBlock,
     KVCache,
     LayerCache,
     LMHead,
     RotaryEmbedding,
     absolute_positions,
+    attention_flops,
     check_rope_scaling,
     linear_cross_entropy,
     norm_layer,
@@ -132,14 +134,17 @@ class GPT(nn.Module):
             n -= sum(p.numel() for p in self.pos_emb.parameters())
         return n
 
-    def flops_per_token(self) -> int:
-        """Training FLOPs per token at full context: 6 per weight (forward + backward matmuls) plus the
-        attention scores and weighted values, 12 * n_layer * block_size * n_head * head_size (PaLM, appendix B,
-        where n_head * head_size = d_model)."""
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token of a ``seq_len``-token sequence (default: block_size): 6 per weight (forward +
+        backward matmuls) plus the attention scores and weighted values, 12 * n_layer * seq_len * n_head *
+        head_size (PaLM, appendix B, where n_head * head_size = d_model; ``nn.flops``). An untied token embedding
+        is a lookup, not a matmul: left out."""
         c = self.config
-        return (
-            6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.block_size * c.n_head * c.head_size
-        )
+        weights = self.num_params(non_embedding=True)
+        if not c.tie_embeddings:
+            weights -= self.tok_emb.weight.numel()
+        span = seq_len or c.block_size
+        return TRAINING_FLOPS_PER_WEIGHT * weights + attention_flops(c.n_layer, span, c.n_head * c.head_size)
 
     def new_caches(self, batch_size: int, max_len: int, device=None, dtype=None) -> list[LayerCache]:
         """Empty per-layer KV caches for incremental decoding (see ``lit_transformers.nn.generate``): each

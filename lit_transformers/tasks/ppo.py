@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 import torch
 
+from lit_transformers.callbacks.throughput import StageClock
 from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPT, GPTConfig, ScalarGPT
 from lit_transformers.nn.generation import logprobs_of, padded_forward
@@ -120,6 +121,7 @@ class PPOTask(PolicyEvaluation, Task):
         self.automatic_optimization = False
         self.kl_ctl = AdaptiveKLController(kl_coef, **adaptive_kl) if adaptive_kl else None
         self.kl_coef = kl_coef
+        self.stage_clock = StageClock()  # train/time/{generation,scoring,update}_s of each iteration
 
     # ---- models ------------------------------------------------------------------------------------
 
@@ -198,6 +200,7 @@ class PPOTask(PolicyEvaluation, Task):
         out = rollout(
             self.policy, tok, batch["prompt_ids"], batch["prompt_mask"], h.max_new_tokens, h.temperature
         )
+        self.stage_clock.lap("generation")
         seq, attn, mask = out.sequences, out.attention_mask, out.response_mask
         R = out.responses.size(1)
         logprobs, values = (
@@ -238,7 +241,9 @@ class PPOTask(PolicyEvaluation, Task):
         B = batch["prompt_ids"].size(0)
         mb = max(1, B // h.num_mini_batches)
         orders = [torch.randperm(B, device=self.device) for _ in range(h.num_ppo_epochs)]
+        self.stage_clock.start(self.device)
         exp = self.make_experience(batch, orders[0], mb)
+        self.stage_clock.lap("scoring")
         R = exp["mask"].size(1)
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         stats: dict[str, list[torch.Tensor]] = {}
@@ -273,7 +278,9 @@ class PPOTask(PolicyEvaluation, Task):
                     "value/clipfrac": vf["clipfrac"],
                 }.items():
                     stats.setdefault(key, []).append(value.detach())
+        self.stage_clock.lap("update")
         self._log_iteration(exp, stats)
+        self.stage_clock.log(self)
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """Clip where automatic optimization clips: inside ``optimizer.step()``, after a GradScaler unscaled the
