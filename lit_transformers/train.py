@@ -164,9 +164,11 @@ def train(cfg: DictConfig) -> TrainResult:
             trainer.test(task, datamodule=datamodule, ckpt_path=best, weights_only=not cfg.trust_checkpoint)
             metrics |= {k: float(v) for k, v in trainer.callback_metrics.items()}
         final = {k: v for k, v in metrics.items() if k.startswith(("val/", "test/"))}
+        # TensorBoard's HPARAMS tab: this run's row, without where and how it logs (the same in every run)
+        compared = {k: v for k, v in hyperparameters.items() if k not in ("callbacks", "logger", "paths")}
         for logger in loggers:
-            if isinstance(logger, TensorBoardLogger) and final:  # its HPARAMS tab: this run's row
-                logger.log_hparams_with_metrics(hyperparameters, final)
+            if isinstance(logger, TensorBoardLogger) and final:
+                logger.log_hparams_with_metrics(compared, final)
         if cfg.get("sample") and hasattr(task, "sample"):
             # every rank generates (an FSDP forward needs them all); rank 0 prints
             texts = task.sample(list(cfg.sample.prompts), cfg.sample.max_new_tokens)

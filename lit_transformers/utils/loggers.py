@@ -47,6 +47,9 @@ class TensorBoardLogger(loggers.TensorBoardLogger):
         from torch.utils.tensorboard.summary import hparams
 
         flat = self._sanitize_params(_flatten_dict(_convert_params(dict(params))))
+        flat = {
+            k: v for k, v in flat.items() if not k.endswith("_target_")
+        }  # class paths: long, rarely compared
         writer = self.experiment._get_file_writer()
         for summary in hparams(flat, dict(metrics)):  # experiment, session start, session end
             writer.add_summary(summary)
