@@ -106,7 +106,8 @@ def quiet_known_noise() -> None:
     """Silence what every run printed before training that says nothing about the run, each where it comes from
     (Lightning's ``limit_*=1.0`` notices: conf/trainer/default.yaml leaves those limits null)."""
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_LIGHTNING_NOTICES)
-    # Lightning 2.6's pytree helper builds torch's LeafSpec, which torch deprecated: a warning per fit and test that no user can act on
+    # Lightning 2.6's pytree helper builds torch's LeafSpec, which torch deprecated: a warning at every fit and test
+    # that only a newer Lightning can act on
     warnings.filterwarnings(
         "ignore",
         r"`isinstance\(treespec, LeafSpec\)` is deprecated",
