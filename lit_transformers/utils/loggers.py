@@ -20,16 +20,13 @@ class TensorBoardLogger(loggers.TensorBoardLogger):
 
     def __init__(self, *args, custom_scalars: Mapping | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.custom_scalars = {
-            k: {t: list(c) for t, c in v.items()} for k, v in (custom_scalars or {}).items()
-        }
+        self.custom_scalars = dict(custom_scalars or {})
         self._layout_written = False
 
     @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        if (
-            self.custom_scalars and not self._layout_written
-        ):  # the layout is read from any event file of the run
+        # once: TensorBoard reads the layout from any event file of the run
+        if self.custom_scalars and not self._layout_written:
             self.experiment.add_custom_scalars(self.custom_scalars)
             self._layout_written = True
         if "epoch" in metrics:  # Lightning adds the epoch to every logged row
@@ -47,9 +44,7 @@ class TensorBoardLogger(loggers.TensorBoardLogger):
         from torch.utils.tensorboard.summary import hparams
 
         flat = self._sanitize_params(_flatten_dict(_convert_params(dict(params))))
-        flat = {
-            k: v for k, v in flat.items() if not k.endswith("_target_")
-        }  # class paths: long, rarely compared
+        flat = {k: v for k, v in flat.items() if not k.endswith("_target_")}  # class paths: rarely compared
         writer = self.experiment._get_file_writer()
         for summary in hparams(flat, dict(metrics)):  # experiment, session start, session end
             writer.add_summary(summary)
