@@ -67,9 +67,8 @@ class TerminalProgressBar(StepProgressBar):
 def _stream_handlers() -> list[logging.StreamHandler]:
     loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
     handlers = {h for lg in loggers if isinstance(lg, logging.Logger) for h in lg.handlers}
-    return [
-        h for h in handlers if type(h) is logging.StreamHandler
-    ]  # not FileHandler: a job log keeps its file
+    # exactly StreamHandler: a FileHandler (Hydra's job log) keeps writing to its file
+    return [h for h in handlers if type(h) is logging.StreamHandler]
 
 
 class LineProgressBar(ProgressBar):
@@ -83,9 +82,8 @@ class LineProgressBar(ProgressBar):
     def __init__(self):
         super().__init__()
         self._enabled = True
-        self._started: tuple[float, int] | None = (
-            None  # (time, step) training started at: a resume starts later
-        )
+        # (time, step) training started at: a resumed run starts at a later step
+        self._started: tuple[float, int] | None = None
         self._printed_step = -1
 
     def disable(self) -> None:
