@@ -153,6 +153,9 @@ class ModelSummaryWithoutMetrics(RichModelSummary):
     bookkeeping, not layers), and without the FLOPs column when nothing was counted (FLOPs are only counted for a
     model with an ``example_input_array``; otherwise the column reads 0 in every row)."""
 
+    def __init__(self, max_depth: int = 2, **summarize_kwargs):  # 2: the model's own layers, not just "model"
+        super().__init__(max_depth, **summarize_kwargs)
+
     def _summary(self, trainer, pl_module):
         summary = super()._summary(trainer, pl_module)
         summary._layer_summary = {
