@@ -105,7 +105,8 @@ TABS = {
 }
 
 
-def train(family: str, run_dir: Path, cache_dir: Path) -> None:
+def train(family: str, run_dir: Path, cache_dir: Path) -> bool:
+    """Train ``family`` into ``run_dir``; whether it succeeded (its output: ``<run_dir>.log``)."""
     if family == "instructgpt":
         common = ",".join([*CHAIN_COMMON, f"paths.cache_dir={cache_dir}"])
         command = [sys.executable, "-m", "lit_transformers.instructgpt", *CHAIN, f"common=[{common}]"]
@@ -118,7 +119,8 @@ def train(family: str, run_dir: Path, cache_dir: Path) -> None:
     with open(log, "w") as out:
         done = subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, check=False)
     if done.returncode:
-        sys.exit(f"[{family}] training failed (exit {done.returncode}); see {log}")
+        print(f"[{family}] training failed (exit {done.returncode}); see {log}", flush=True)
+    return done.returncode == 0
 
 
 def free_port() -> int:
@@ -171,11 +173,14 @@ def main() -> None:
         sys.exit("Needs chromium and tensorboard on PATH (apt install chromium; pip install tensorboard)")
     runs, cache_dir = args.out / "runs", args.out / "cache"
     runs.mkdir(parents=True, exist_ok=True)
+    failed = []
     for family in args.families:
         run_dir = runs / family
         if not args.skip_training:
             shutil.rmtree(run_dir, ignore_errors=True)
-            train(family, run_dir, cache_dir)
+            if not train(family, run_dir, cache_dir):
+                failed.append(family)
+                continue
         server, url = serve(run_dir)
         try:
             print(f"[{family}] TensorBoard at {url}", flush=True)
@@ -184,6 +189,8 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait()
+    if failed:
+        sys.exit(f"Training failed for {failed}: no screenshots of them")
 
 
 if __name__ == "__main__":
