@@ -73,18 +73,15 @@ FAMILIES = {
     "clip": ["experiment=clip", "data.batch_size=32"],
 }
 # the InstructGPT chain (pretrain, SFT, label, reward model, PPO, DPO) at the sizes of tests/test_chain.py
-CHAIN = [
-    "model.n_layer=1",
-    "model.n_head=2",
-    "model.d_model=32",
-    "label.max_new_tokens=4",
-    "stage_configs.pretrain=[sample=null,data.vocab_size=300]",
-    "stage_configs.sft=[experiment=gpt_sft,data.n_examples=120,task.max_new_tokens=4]",
-    "stage_configs.label=[experiment=gpt_reward,data.n_examples=120]",
-    "stage_configs.reward=[experiment=gpt_reward,data.n_examples=120]",
-    "stage_configs.ppo=[experiment=gpt_ppo,data.n_examples=120,task.max_new_tokens=4]",
-    "stage_configs.dpo=[experiment=gpt_dpo,data.n_examples=120,task.max_new_tokens=4]",
-]
+CHAIN = ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "label.max_new_tokens=4"]
+CHAIN_STAGES = {  # each stage's train.py overrides (conf/instructgpt.yaml: stage_configs)
+    "pretrain": ["sample=null", "data.vocab_size=300"],
+    "sft": ["experiment=gpt_sft", "data.n_examples=120", "task.max_new_tokens=4"],
+    "label": ["experiment=gpt_reward", "data.n_examples=120"],
+    "reward": ["experiment=gpt_reward", "data.n_examples=120"],
+    "ppo": ["experiment=gpt_ppo", "data.n_examples=120", "task.max_new_tokens=4"],
+    "dpo": ["experiment=gpt_dpo", "data.n_examples=120", "task.max_new_tokens=4"],
+}
 CHAIN_COMMON = [  # every stage
     "trainer.max_steps=4",
     "trainer.val_check_interval=2",
@@ -95,6 +92,13 @@ CHAIN_COMMON = [  # every stage
     "sample=null",
     "logger=many",
 ]
+
+
+def hydra_list(overrides: list[str]) -> str:
+    """A list of overrides as one Hydra override's value: each quoted, as ``=`` is not allowed bare in a list."""
+    return "[" + ",".join(f"'{o}'" for o in overrides) + "]"
+
+
 # TensorBoard's tabs, as the address after '#'
 TABS = {
     "scalars": "scalars",
@@ -109,8 +113,9 @@ TABS = {
 def train(family: str, run_dir: Path, cache_dir: Path) -> bool:
     """Train ``family`` into ``run_dir``; whether it succeeded (its output: ``<run_dir>.log``)."""
     if family == "instructgpt":
-        common = ",".join([*CHAIN_COMMON, f"paths.cache_dir={cache_dir}"])
-        command = [sys.executable, "-m", "lit_transformers.instructgpt", *CHAIN, f"common=[{common}]"]
+        command = [sys.executable, "-m", "lit_transformers.instructgpt", *CHAIN]
+        command += [f"stage_configs.{stage}={hydra_list(o)}" for stage, o in CHAIN_STAGES.items()]
+        command.append(f"common={hydra_list([*CHAIN_COMMON, f'paths.cache_dir={cache_dir}'])}")
         command.append(f"run_dir={run_dir}")
     else:
         command = [sys.executable, str(REPO / "train.py"), *FAMILIES[family], *SHORT]
