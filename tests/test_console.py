@@ -7,6 +7,7 @@ import csv
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -16,7 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from lit_transformers.callbacks.console import LineProgressBar, TerminalProgressBar
+from lit_transformers.callbacks.console import LineProgressBar, TerminalProgressBar, progress_count
 
 from conftest import REPO, TINY_LM, cli_env
 
@@ -131,3 +132,14 @@ def test_no_v_num_on_the_progress_bar(bar, tmp_path):
         "v_num": "alfw"
     }  # Lightning's bar shows the run id
     assert bar().get_metrics(trainer, module) == {}
+
+
+@pytest.mark.parametrize(("steps_per_batch", "counted"), [(None, ("step", 8, 12)), (4, ("iteration", 2, 3))])
+def test_the_progress_line_counts_iterations_of_a_task_that_steps_several_times_a_batch(
+    steps_per_batch, counted
+):
+    task = SimpleNamespace() if steps_per_batch is None else SimpleNamespace(optimizer_steps_per_batch=4)
+    trainer = SimpleNamespace(
+        lightning_module=task, max_steps=12, global_step=8, estimated_stepping_batches=99
+    )
+    assert progress_count(trainer) == counted  # PPO: 12 optimizer steps are 3 iterations of 4

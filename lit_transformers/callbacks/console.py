@@ -8,6 +8,7 @@ writes nothing there until it ends.
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from datetime import timedelta
@@ -72,8 +73,8 @@ def _stream_handlers() -> list[logging.StreamHandler]:
 
 
 class LineProgressBar(ProgressBar):
-    """One plain line every ``trainer.log_every_n_steps`` optimizer steps (and at the last), and one per
-    validation, for output that is not a terminal::
+    """One plain line every ``trainer.log_every_n_steps`` optimizer steps (PPO: iterations; and at the last), and
+    one per validation, for output that is not a terminal::
 
         step 20/500  train/loss 5.306  lr 2.00e-03  18,479 tokens/s  elapsed 0:00:12  left 0:04:48
         validation at step 20: val/loss 5.256  val/ppl 191.7
@@ -82,7 +83,7 @@ class LineProgressBar(ProgressBar):
     def __init__(self):
         super().__init__()
         self._enabled = True
-        # (time, step) training started at: a resumed run starts at a later step
+        # (time, steps or iterations done) when training started: a resumed run starts later
         self._started: tuple[float, int] | None = None
         self._printed_step = -1
 
@@ -100,27 +101,27 @@ class LineProgressBar(ProgressBar):
         return shown_metrics(super().get_metrics(trainer, pl_module))
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._started = (time.monotonic(), trainer.global_step)
+        self._started = (time.monotonic(), progress_count(trainer)[1])
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step, total = trainer.global_step, _total_steps(trainer)
-        due = step % trainer.log_every_n_steps == 0 or step == total
-        if not self._enabled or not due or step == self._printed_step:  # accumulating batches repeat a step
+        unit, done, total = progress_count(trainer)
+        due = done % trainer.log_every_n_steps == 0 or done == total
+        if not self._enabled or not due or done == self._printed_step:  # accumulating batches repeat a step
             return
-        self._printed_step = step
+        self._printed_step = done
         metrics = self.get_metrics(trainer, pl_module)
-        parts = [f"step {step}/{total}"]
+        parts = [f"{unit} {done}/{total}"]
         parts += [f"{k} {_number(v)}" for k, v in metrics.items() if k.startswith("train/")]
         if trainer.optimizers:
             parts.append(f"lr {trainer.optimizers[0].param_groups[0]['lr']:.2e}")
         for key, value in trainer.callback_metrics.items():  # train/tokens_per_s, train/images_per_s, ...
             if key.startswith("train/") and key.endswith("_per_s"):
                 parts.append(f"{float(value):,.0f} {key.removeprefix('train/').removesuffix('_per_s')}/s")
-        started_at, first_step = self._started
+        started_at, first_done = self._started
         elapsed = time.monotonic() - started_at
         parts.append(f"elapsed {timedelta(seconds=round(elapsed))}")
-        if step > first_step:
-            left = elapsed / (step - first_step) * (total - step)
+        if done > first_done:
+            left = elapsed / (done - first_done) * (total - done)
             parts.append(f"left {timedelta(seconds=round(left))}")
         print("  ".join(parts), flush=True)
 
@@ -132,8 +133,14 @@ class LineProgressBar(ProgressBar):
         print(f"validation at step {trainer.global_step}: {shown}", flush=True)
 
 
-def _total_steps(trainer: L.Trainer) -> int:
-    return trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
+def progress_count(trainer: L.Trainer) -> tuple[str, int, int]:
+    """(unit, done, total) of a training: optimizer steps, or the iterations of a task whose training batch steps
+    the optimizer several times and says how many in ``optimizer_steps_per_batch`` (PPO), the axis its scalars
+    are logged on."""
+    per_batch = getattr(trainer.lightning_module, "optimizer_steps_per_batch", 1)
+    steps = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
+    unit = "step" if per_batch == 1 else "iteration"
+    return unit, trainer.global_step // per_batch, math.ceil(steps / per_batch)
 
 
 def _number(value) -> str:
