@@ -129,7 +129,9 @@ def logged_steps(log_dir: Path) -> tuple[dict[str, set[int]], dict[str, set[int]
     scalars = {tag: {e.step for e in events.Scalars(tag)} for tag in tags["scalars"]}
     shown = {tag: {e.step for e in events.Images(tag)} for tag in tags["images"]}
     shown |= {
-        tag.removesuffix("/text_summary"): {e.step for e in events.Tensors(tag)} for tag in tags["tensors"]
+        tag.removesuffix("/text_summary"): {e.step for e in events.Tensors(tag)}
+        for tag in tags["tensors"]
+        if tag.endswith("/text_summary")  # tables; not the custom-scalars layout
     }
     return scalars, shown
 
