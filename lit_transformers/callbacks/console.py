@@ -114,9 +114,9 @@ class LineProgressBar(ProgressBar):
         parts += [f"{k} {_number(v)}" for k, v in metrics.items() if k.startswith("train/")]
         if trainer.optimizers:
             parts.append(f"lr {trainer.optimizers[0].param_groups[0]['lr']:.2e}")
-        for key, value in trainer.callback_metrics.items():  # train/tokens_per_s, train/images_per_s, ...
-            if key.startswith("train/") and key.endswith("_per_s"):
-                parts.append(f"{float(value):,.0f} {key.removeprefix('train/').removesuffix('_per_s')}/s")
+        for key, value in trainer.callback_metrics.items():  # train/tokens_per_sec, train/samples_per_sec
+            if key.startswith("train/") and key.endswith("_per_sec"):
+                parts.append(f"{float(value):,.0f} {key.removeprefix('train/').removesuffix('_per_sec')}/s")
         started_at, first_done = self._started
         elapsed = time.monotonic() - started_at
         parts.append(f"elapsed {timedelta(seconds=round(elapsed))}")
