@@ -14,6 +14,7 @@ from torch import nn
 
 from lit_transformers.models import GPT, GPTConfig
 from lit_transformers.tasks.dpo import DPOTask
+from lit_transformers.tasks.ppo import PPOTask
 from lit_transformers.tasks.reward import RewardTask
 from lit_transformers.train import train
 
@@ -175,3 +176,15 @@ def test_reward_model_trains_adapters_and_its_scalar_head(tmp_path):
     }  # model.body.blocks.{i}.<layer>
     assert adapted == {"attn.qkv_proj", "attn.out_proj", "mlp.fc", "mlp.proj"}
     assert _optimized(task) == {id(p) for p in task.parameters() if p.requires_grad}
+
+
+def test_ppo_under_lora_refuses_a_reference_model_of_its_own():
+    with pytest.raises(
+        ValueError, match="task.init_from.reference name.* policy's frozen base with its adapters"
+    ):
+        PPOTask(
+            model=GPTConfig(**TINY_GPT),
+            optimizer=ADAM,
+            init_from={"policy": "sft.ckpt", "reference": "other.ckpt", "reward": "rm.ckpt"},
+            lora={"r": 4},
+        )
