@@ -15,6 +15,7 @@ from lit_transformers.nn.rlhf import dpo_loss
 from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
 from lit_transformers.tasks.instruct import PolicyEvaluation
+from lit_transformers.tasks.lora import FrozenBase
 
 
 class DPOTask(PolicyEvaluation, Task):
@@ -27,10 +28,12 @@ class DPOTask(PolicyEvaluation, Task):
 
     The frozen reference's summed log-probs are computed once per pair (keyed by the batch's ``index`` in its
     split) and reused in later epochs and validations, as TRL's ``precompute_ref_log_probs``, but lazily: the
-    first time a pair comes up, not in a pass before training.
+    first time a pair comes up, not in a pass before training. With ``task.lora`` the reference is the policy's
+    frozen base with its adapters off (``lora.FrozenBase``), not a second copy.
     """
 
     frozen = ("reference",)
+    lora_models = ("policy",)
     data_needs = (TokenizedText,)
     context_field = "block_size"
     init_from_hint = "pass the SFT checkpoint"
@@ -48,6 +51,8 @@ class DPOTask(PolicyEvaluation, Task):
     ):
         model = decoder_spec(model, init_from_hf)
         super().__init__(**task_args)
+        if self.hparams.lora is not None:
+            self.frozen = ()  # no reference model: the policy's base, adapters off
         self.reference_cache: dict[tuple[str, int], torch.Tensor] = {}  # (split, index) -> (chosen, rejected)
 
     def build_models(self) -> dict:
@@ -56,11 +61,14 @@ class DPOTask(PolicyEvaluation, Task):
             policy = load_hf_decoder(self, path, "policy and reference")
         else:
             policy = GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
+        if self.hparams.lora is not None:
+            self.reference = FrozenBase(policy)
+            return {"policy": policy}
         return {"policy": policy, "reference": copy.deepcopy(policy)}  # equal also without init_from
 
     def _load_init_from(self, init_from: str | Mapping) -> None:
         if isinstance(init_from, str):
-            init_from = {"policy": init_from, "reference": init_from}
+            init_from = {name: init_from for name in ("policy", "reference") if name in self.model_names}
         super()._load_init_from(init_from)
 
     def _sequence_logprobs(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,6 +5,14 @@ iteration inside ``training_step`` (manual optimisation): rollout -> score -> pe
 Four models: ``policy`` (from the SFT checkpoint) and ``value`` (from the reward model, its own copy of the
 head) train; ``reference`` (the SFT weights) and ``reward`` are frozen. ``trainer.max_steps`` counts
 optimizer steps: PPO iterations x num_ppo_epochs x num_mini_batches.
+
+With ``task.lora``, three: the policy is its frozen base + adapters, and the reference is that base with the
+adapters off (``lora.FrozenBase``), no second copy; the value model is its own frozen copy of the reward model's
+body + adapters + its head trained in full; the reward model stays frozen. The value keeps a body of its own
+rather than sharing the reward model's with a second adapter (TRL's older peft path): its base may be another
+checkpoint than the reward model's (``init_from.value``, ``init_from_hf``), as in full fine-tuning, and the reward
+model stays a plain frozen module, scored without switching adapters (TRL's current PPOTrainer likewise drops only
+the reference under peft, and keeps a separate value model).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from lit_transformers.nn.rlhf import (
 from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
 from lit_transformers.tasks.instruct import PolicyEvaluation, response_logprobs, rollout
+from lit_transformers.tasks.lora import FrozenBase
 from lit_transformers.tasks.reward import gpt_or_scalar
 
 log = logging.getLogger(__name__)
@@ -80,6 +89,7 @@ class PPOTask(PolicyEvaluation, Task):
     """
 
     frozen = ("reference", "reward")
+    lora_models = ("policy", "value")
     data_needs = (TokenizedText,)
     context_field = "block_size"
     init_from_hint = "pass init_from={policy: <sft.ckpt>, reward: <reward.ckpt>}"
@@ -117,6 +127,20 @@ class PPOTask(PolicyEvaluation, Task):
         if temperature <= 0:
             raise ValueError(f"task.temperature={temperature}: PPO samples, so it needs a temperature > 0")
         super().__init__(**task_args)
+        if self.hparams.lora is not None:  # the reference is the policy's base with the adapters off
+            sources = {key: self.hparams[key] for key in ("init_from", "init_from_hf")}
+            named = [
+                f"task.{k}.reference"
+                for k, v in sources.items()
+                if isinstance(v, Mapping) and v.get("reference")
+            ]
+            if named:
+                raise ValueError(
+                    f"{' and '.join(named)} name(s) a reference model, but under task.lora the reference is the "
+                    "policy's frozen base with its adapters off (no model of its own): drop reference from it"
+                )
+            from_hf.pop("reference", None)
+            self.frozen = ("reward",)
         self.hf_dirs = from_hf  # {model: directory}, loaded when the models are built
         self.automatic_optimization = False
         self.kl_ctl = AdaptiveKLController(kl_coef, **adaptive_kl) if adaptive_kl else None
@@ -129,12 +153,11 @@ class PPOTask(PolicyEvaluation, Task):
         config = self.text_model_config(vocab_size=lambda tok: tok.vocab_size)
         policy, reward = GPT(config), ScalarGPT(config)
         # copies: without init_from the reference still equals the policy, and the value the reward model
-        models = {
-            "policy": policy,
-            "reference": copy.deepcopy(policy),
-            "reward": reward,
-            "value": copy.deepcopy(reward),
-        }
+        models = {"policy": policy, "reward": reward, "value": copy.deepcopy(reward)}
+        if self.hparams.lora is None:
+            models["reference"] = copy.deepcopy(policy)
+        else:
+            self.reference = FrozenBase(policy)
         init_from = self.hparams.init_from
         named = set(self.hf_dirs)
         if isinstance(init_from, Mapping):
@@ -170,7 +193,7 @@ class PPOTask(PolicyEvaluation, Task):
                 "model in one of them"
             )
         for name, default in (("reference", "policy"), ("value", "reward")):
-            if name not in self.hf_dirs and targets.get(default):
+            if name in self.model_names and name not in self.hf_dirs and targets.get(default):
                 targets.setdefault(name, targets[default])
         for name in ("reward", "value"):
             if targets.get(name) and gpt_or_scalar(targets[name], self.hparams.trust_checkpoint) == "body":
@@ -328,6 +351,7 @@ class PPOTask(PolicyEvaluation, Task):
         checkpoint["kl_coef"] = self.kl_coef
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)  # a LoRA checkpoint: completed with its base, which is checked
         self.kl_coef = checkpoint.get("kl_coef", self.kl_coef)
         if self.kl_ctl is not None:
             self.kl_ctl.value = self.kl_coef
