@@ -46,7 +46,6 @@ class CausalLMTask(Task):
 
     data_needs = (TokenizedText,)
     context_field = "block_size"
-    lora_models = ("model",)  # task.lora adapts the body
 
     def __init__(self, model: dict | GPTConfig, init_from_hf: str | None = None, **task_args):
         model = decoder_spec(model, init_from_hf)
