@@ -229,6 +229,9 @@ def test_data_kinds_names_a_mix_or_lists_kinds_and_an_unknown_one_is_refused(tmp
     hard = make_examples(WORDS, 12, "hard", seed=0)
     assert [e["kind"] for e in hard[: len(MIXES["hard"])]] == list(MIXES["hard"])
     assert make_examples(WORDS, 12, list(MIXES["hard"]), seed=0) == hard
+    dm = InstructionDataModule(kinds="hard", n_examples=120, tokenizer="char", cache_dir=str(tmp_path))
+    dm.setup()
+    assert {r["kind"] for part in dm.records().values() for r in part} == set(MIXES["hard"])
     with pytest.raises(ValueError, match=r"data.kinds='harder': name a mix of \['basic', 'hard'\]"):
         InstructionDataModule(kinds="harder", cache_dir=str(tmp_path))
     with pytest.raises(ValueError, match=r"Unknown instruction task\(s\) \['sum'\]"):

@@ -2,7 +2,9 @@
 
 Each example is a prompt ("Reverse the words: ash oak elm\\nAnswer:"), its correct completion (" elm oak ash")
 and a plausible wrong one (a wrong word, wrong order, truncated, extra text, a word repeated) for reward-model
-and DPO pairs.
+and DPO pairs. Besides the one-step kinds (reverse, sort, count, last, first) there are multi-step ones that
+imitation does not saturate (the k-th word once sorted, a letter's count, numbers in words added, only the first
+k words reversed); ``data.kinds`` lists kinds or names a mix (:data:`MIXES`).
 The judge (exact match, and a graded score in [0, 1]) is the ground truth that a reward model only learns
 to approximate; the stages report both. Records that teach nothing (an empty SFT completion, a pair with
 the same responses) are skipped with a count, or refused when a split holds nothing else. No tensors: the
