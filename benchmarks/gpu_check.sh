@@ -2,7 +2,7 @@
 # bash benchmarks/gpu_check.sh [OUT_DIR] [extra overrides...]    (TRAINERS="fsdp" bash ... for FSDP's clipping)
 # On a machine with a GPU: every family's experiment for 50 steps with trainer=gpu and trainer=ddp (bf16-mixed, the
 # default fused AdamW and clipping, compile=true), then one line per run: exit code, tokens/s and MFU (the last
-# train/tokens_per_s and train/mfu of its csv/metrics.csv; "-" for families that do not log them). The CPU tests
+# train/tokens_per_sec and train/mfu of its csv/metrics.csv; "-" for families that do not log them). The CPU tests
 # (tests/test_precision.py) cover the same recipes without a GPU; this checks CUDA, NCCL and torch.compile.
 set -u
 out=${1:-gpu_check}
@@ -26,7 +26,7 @@ rows = list(csv.DictReader(Path(path).open())) if Path(path).exists() else []
 def last(key):
     values = [row[key] for row in rows if row.get(key)]
     return f"{float(values[-1]):.4g}" if values else "-"
-print(f"{trainer:4} {family:14} exit={code:3} tokens/s={last('train/tokens_per_s'):>10} mfu={last('train/mfu'):>8}")
+print(f"{trainer:4} {family:14} exit={code:3} tokens/s={last('train/tokens_per_sec'):>10} mfu={last('train/mfu'):>8}")
 EOF
 )")
   done

@@ -22,18 +22,9 @@ FLAG_TYPES = {"ckpt": str, "out": str, "trust_checkpoint": bool}
 def export_hf(task: CausalLMTask, out: str | Path) -> Path:
     """``task``'s GPT and tokenizer as a Hugging Face directory ``out``; config.json carries the tokenizer's
     bos/eos/pad ids, generation_config.json stops at any of its ``end_of_turn_ids`` (as instruct models ship)."""
-    import transformers
-
     tokenizer = task.require_tokenizer()
-    hf_model = task.model.to_hf()
-    special = {f"{role}_token_id": tokenizer.ids.get(role) for role in ("bos", "eos", "pad")}
-    for key, value in special.items():
-        setattr(hf_model.config, key, value)
-    hf_model.generation_config = transformers.GenerationConfig(
-        **special | {"eos_token_id": tokenizer.end_of_turn_ids}
-    )
     out = Path(out).expanduser()
-    hf_model.save_pretrained(out)
+    task.model.to_hf(out, tokenizer)
     tokenizer.save_pretrained(out)
     return out
 

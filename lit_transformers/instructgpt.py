@@ -317,6 +317,8 @@ def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print(summary_table(summary))
     print(f"\nsummary: {run_dir / 'summary.json'}")
+    if any(run_dir.rglob("events.out.tfevents.*")):  # stages logged to TensorBoard: one view of them all
+        print(f"TensorBoard, every stage: tensorboard --logdir {run_dir}")
     return summary
 
 

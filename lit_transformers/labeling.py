@@ -40,15 +40,16 @@ def label_comparisons(
 ) -> dict[str, float]:
     """The judge ranks ``samples_per_prompt`` responses of the policy to every prompt of every split, with the
     record's right answer and its corruption; each two candidates with different graded scores make a pair.
-    Writes the pairs to ``out`` (JSONL, TRL's fields plus ``answer`` and ``split``) and returns their count and
-    the samples' mean judge scores."""
+    Writes the pairs to ``out`` (JSONL, TRL's fields plus ``answer`` and ``split``) and returns their count, how
+    many of them have the right answer as chosen (what DPO's ``data.correct_chosen_only`` keeps; the others
+    prefer one wrong answer to another) and the samples' mean judge scores."""
     data = instantiate(data_cfg, format="sft", _convert_="all")
     data.setup()
     tok = data.tokenizer
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     policy = SFTTask.load_from_checkpoint(policy_ckpt, map_location=device, weights_only=True).model
     generator = torch.Generator(device).manual_seed(seed)
-    stats = {"pairs": 0.0, "sample_judge_exact": 0.0, "sample_judge_score": 0.0}
+    stats = {"pairs": 0.0, "pairs_correct_chosen": 0.0, "sample_judge_exact": 0.0, "sample_judge_score": 0.0}
     n_samples = 0
     tmp = out.with_suffix(".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -87,6 +88,7 @@ def label_comparisons(
                         }
                         f.write(json.dumps(pair) + "\n")
                         stats["pairs"] += 1
+                        stats["pairs_correct_chosen"] += judge(better, record["answer"])[0]
     tmp.replace(out)
     stats["sample_judge_exact"] /= n_samples
     stats["sample_judge_score"] /= n_samples

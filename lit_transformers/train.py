@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,12 +31,13 @@ from lit_transformers.utils.config import (
     resolve_once,
 )
 from lit_transformers.utils.errors import report_user_errors
+from lit_transformers.utils.loggers import TensorBoardLogger
 from lit_transformers.utils.run_folder import (
     keep_earlier_csv_logs,
     remove_if_only_config,
     requeued_checkpoint,
 )
-from lit_transformers.utils.run_report import report_interruptions, run_summary
+from lit_transformers.utils.run_report import checkpoint_lines, report_interruptions, run_summary
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +60,14 @@ def best_checkpoint(cfg: DictConfig, trainer: L.Trainer) -> str | None:
 
 
 def warn_nothing_to_test(cfg: DictConfig, trainer: L.Trainer) -> None:
-    """Says why there is no checkpoint to test, so the current weights are tested."""
+    """Says why there is no checkpoint to test, so the current weights are tested; a run that trains nothing
+    and starts from pretrained weights (experiment=clip_zero_shot) tests those, which needs no warning."""
     checkpoints = trainer.checkpoint_callback
+    keys = ("init_from", "init_from_hf", "init_from_open_clip")  # the task keys that load pretrained weights
+    pretrained = [f"task.{key}" for key in keys if cfg.task.get(key)]
+    if not cfg.train and pretrained:
+        log.info("Nothing trains: testing the weights that %s loaded", " and ".join(pretrained))
+        return
     if not cfg.train:
         why = "train=false without ckpt_path; pass ckpt_path=<run>/checkpoints/<name>.ckpt"
     elif trainer.fast_dev_run:
@@ -87,9 +95,41 @@ def optimized_value(cfg: DictConfig, metrics: dict[str, float]) -> float | None:
     return None
 
 
+class _DropLightningNotices(logging.Filter):
+    NOTICES = (
+        "💡 Tip: For seamless cloud logging",  # an advert for Lightning's LitLogger service, at every Trainer
+        "Trainer already configured with model summary callbacks",  # ours (callbacks.model_summary) on purpose
+    )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.NOTICES)
+
+
+_LIGHTNING_NOTICES = _DropLightningNotices()
+
+
+def quiet_known_noise() -> None:
+    """Silence what every run printed before training that says nothing about the run, each where it comes from
+    (Lightning's ``limit_*=1.0`` notices: conf/trainer/default.yaml leaves those limits null)."""
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_LIGHTNING_NOTICES)
+    # Lightning 2.6's pytree helper builds torch's LeafSpec, which torch deprecated: a warning at every fit and test
+    # that only a newer Lightning can act on
+    warnings.filterwarnings(
+        "ignore",
+        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        FutureWarning,
+        r"lightning\.pytorch\.utilities",
+    )
+    # torchdata's StatefulDataLoader calls torch.set_vital, which torch deprecated (a no-op telemetry flag)
+    warnings.filterwarnings(
+        "ignore", "'set_vital' is deprecated", UserWarning, r"torchdata\.stateful_dataloader"
+    )
+
+
 def train(cfg: DictConfig) -> TrainResult:
     """Fit and/or test as the config says; returns the final metrics (Hydra sweeps optimize one) and the
     best checkpoint."""
+    quiet_known_noise()
     L.seed_everything(cfg.seed, workers=True)
     parents = cfg.init_from.values() if isinstance(cfg.init_from, DictConfig) else [cfg.init_from]
     for key, path in [("ckpt_path", cfg.ckpt_path), *(("init_from", p) for p in parents)]:
@@ -124,26 +164,33 @@ def train(cfg: DictConfig) -> TrainResult:
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         # now: testing a checkpoint loads the checkpoint callback's state from it, an older best and last too
         best = best_checkpoint(cfg, trainer)
-        where = run_summary(trainer, loggers, cfg.paths.output_dir) if trainer.is_global_zero else ""
+        checkpoints = checkpoint_lines(trainer)
         if cfg.test:
             if best is None:
                 warn_nothing_to_test(cfg, trainer)
             trainer.test(task, datamodule=datamodule, ckpt_path=best, weights_only=not cfg.trust_checkpoint)
             metrics |= {k: float(v) for k, v in trainer.callback_metrics.items()}
+        final = {k: v for k, v in metrics.items() if k.startswith(("val/", "test/"))}
+        # TensorBoard's HPARAMS tab: this run's row, without where and how it logs (the same in every run)
+        compared = {k: v for k, v in hyperparameters.items() if k not in ("callbacks", "logger", "paths")}
+        for logger in loggers:
+            if isinstance(logger, TensorBoardLogger) and final:
+                logger.log_hparams_with_metrics(compared, final)
         if cfg.get("sample") and hasattr(task, "sample"):
             # every rank generates (an FSDP forward needs them all); rank 0 prints
             texts = task.sample(list(cfg.sample.prompts), cfg.sample.max_new_tokens)
             if trainer.is_global_zero:
                 for prompt, text in zip(cfg.sample.prompts, texts):
                     print(f"\n--- sample ---\n{prompt}{text}")
-        if trainer.is_global_zero:
-            print(f"\n{where}")
+        where = run_summary(cfg.paths.output_dir, checkpoints, loggers) if trainer.is_global_zero else ""
     finally:
         for logger in loggers:
             if isinstance(logger, L.pytorch.loggers.WandbLogger):
                 import wandb
 
                 wandb.finish()  # also when training raised: one finished run per (multirun) job
+    if where:  # last: after wandb's closing report, which would hide it
+        print(f"\n{where}", flush=True)
     return TrainResult(metrics, best)
 
 

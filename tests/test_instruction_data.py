@@ -1,16 +1,23 @@
 """Instruction data that could train without learning: records that teach nothing (an empty SFT completion, a
 pair whose responses are the same tokens) are skipped with a count naming the first, a split of nothing else is
-refused naming the file; prompt + response always fit in data.max_length, whatever the split."""
+refused naming the file; prompt + response always fit in data.max_length, whatever the split. The embedded task
+kinds (the multi-step ones worked by hand), their mixes, the DPO data that keeps only a right chosen response, and
+a policy judged once per prompt, not once per pair."""
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from lit_transformers.data.instructions import InstructionDataModule
+from lit_transformers.tasks.dpo import DPOTask
+from lit_transformers.text.instructions import MIXES, TASKS, judge, make_example, make_examples
 
 from conftest import assert_short_error, train_cli
 
@@ -164,3 +171,130 @@ def test_a_prompt_limit_that_leaves_no_room_for_the_response_is_refused(tmp_path
         InstructionDataModule(max_length=24, max_prompt_length=32, cache_dir=str(tmp_path))
     with pytest.raises(ValueError, match=r"data.max_prompt_length=1 must be at least 2"):
         InstructionDataModule(max_prompt_length=1, cache_dir=str(tmp_path))
+
+
+# ---- the embedded task kinds ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kind, words, arg, prompt, answer",
+    [
+        ("kth_sorted", ["oak", "ash", "elm"], "2", "Sort the words and repeat word 2 of: oak ash elm", "elm"),
+        ("kth_sorted", ["yew", "bay", "yew"], "3", "Sort the words and repeat word 3 of: yew bay yew", "yew"),
+        ("count_letter", ["ash", "oak", "elm"], "a", "Count the letter a in: ash oak elm", "2"),
+        ("count_letter", ["yew", "elm", "fir", "bay"], "e", "Count the letter e in: yew elm fir bay", "2"),
+        ("add", ["three", "five"], None, "Add the numbers: three five", "8"),
+        ("add", ["nine", "nine", "one"], None, "Add the numbers: nine nine one", "19"),
+        (
+            "reverse_first",
+            ["ash", "oak", "elm", "fir"],
+            "3",
+            "Reverse the first 3 words of: ash oak elm fir",
+            "elm oak ash fir",
+        ),
+        ("reverse_first", ["ash", "oak"], "2", "Reverse the first 2 words of: ash oak", "oak ash"),
+    ],
+)
+def test_each_multi_step_kind_answers_as_worked_by_hand(kind, words, arg, prompt, answer):
+    example = make_example(kind, words, WORDS, random.Random(0), arg)
+    assert example["prompt"] == prompt + "\nAnswer:"
+    assert example["answer"] == answer and example["completion"] == example["chosen"] == " " + answer
+    assert judge(example["completion"], answer) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("kind", ["kth_sorted", "count_letter", "add", "reverse_first"])
+def test_a_multi_step_kinds_corruption_is_never_its_answer(kind):
+    examples = make_examples(WORDS, 300, [kind], max_words=5, seed=3)
+    assert len({e["prompt"] for e in examples}) == 300
+    for e in examples:
+        assert judge(e["completion"], e["answer"]) == (1.0, 1.0)
+        assert judge(e["rejected"], e["answer"])[0] == 0.0, e
+    if TASKS[kind].argument is not None:  # the argument varies, so the model must read it
+        assert len({e["prompt"].split(":")[0] for e in examples}) > 1
+
+
+def test_the_default_mix_makes_the_examples_it_made_before_the_new_kinds():
+    """Byte for byte what the basic mix made before (copied from main), so no measured number moves."""
+    examples = make_examples(WORDS, 4, seed=0)
+    assert [(e["prompt"], e["completion"], e["rejected"]) for e in examples] == [
+        ("Reverse the words: fir ash elm\nAnswer:", " elm ash fir", " elm elm fir"),
+        ("Sort the words: fir elm yew\nAnswer:", " elm fir yew", " elm fir oak"),
+        ("Count the words in: oak ash yew\nAnswer:", " 3", " 4"),
+        ("Repeat the last word of: bay yew oak elm\nAnswer:", " elm", " fir"),
+    ]
+    assert InstructionDataModule().hparams.kinds == MIXES["basic"] == ("reverse", "sort", "count", "last")
+
+
+def test_data_kinds_names_a_mix_or_lists_kinds_and_an_unknown_one_is_refused(tmp_path):
+    hard = make_examples(WORDS, 12, "hard", seed=0)
+    assert [e["kind"] for e in hard[: len(MIXES["hard"])]] == list(MIXES["hard"])
+    assert make_examples(WORDS, 12, list(MIXES["hard"]), seed=0) == hard
+    dm = InstructionDataModule(kinds="hard", n_examples=120, tokenizer="char", cache_dir=str(tmp_path))
+    dm.setup()
+    assert {r["kind"] for part in dm.records().values() for r in part} == set(MIXES["hard"])
+    with pytest.raises(ValueError, match=r"data.kinds='harder': name a mix of \['basic', 'hard'\]"):
+        InstructionDataModule(kinds="harder", cache_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"Unknown instruction task\(s\) \['sum'\]"):
+        InstructionDataModule(kinds=["sort", "sum"], cache_dir=str(tmp_path))
+
+
+# ---- DPO's data and judged prompts ---------------------------------------------------------------------------
+
+
+def labelled_pairs() -> list[dict]:
+    """The label stage's kind of pairs: per prompt, the right answer over wrong ones, and wrong over worse."""
+    records = []
+    for i, (w, v) in enumerate(zip(WORDS, reversed(WORDS))):
+        split = ["train", "test", "val"][i % 3]
+        base = {"prompt": f"Say {w} {v}:", "answer": f"{w} {v}", "split": split}
+        records += [
+            base | {"chosen": f" {w} {v}", "rejected": f" {w}"},
+            base | {"chosen": f" {w}", "rejected": f" {v} {v} {v}"},  # two wrong ones
+            base | {"chosen": f" {w} {v}", "rejected": f" {v} {w}"},
+        ]
+    return records
+
+
+def test_correct_chosen_only_keeps_the_pairs_whose_chosen_is_the_answer(tmp_path):
+    path = write_jsonl(tmp_path / "pairs.jsonl", labelled_pairs())
+    dm = datamodule(path, tmp_path, correct_chosen_only=True)
+    kept = [r for part in dm.records().values() for r in part]
+    assert len(kept) == 2 * len(WORDS) and all(r["chosen"].split() == r["answer"].split() for r in kept)
+    assert sum(len(part) for part in datamodule(path, tmp_path / "all").records().values()) == 3 * len(WORDS)
+    records = labelled_pairs()
+    del records[4]["answer"]
+    path = write_jsonl(tmp_path / "no_answer.jsonl", records)
+    with pytest.raises(ValueError, match=rf"{path}:5: no answer, and data.correct_chosen_only=true"):
+        datamodule(path, tmp_path, correct_chosen_only=True)
+    with pytest.raises(
+        ValueError, match="data.correct_chosen_only=true screens preference pairs, but data.format=sft"
+    ):
+        InstructionDataModule(format="sft", correct_chosen_only=True, cache_dir=str(tmp_path))
+
+
+def test_dpo_judges_each_prompt_once_whatever_its_number_of_pairs(tmp_path):
+    """The label stage gives a prompt as many pairs as its samples differ (1 to 15): a hard prompt has many, so
+    judging every pair's prompt weighs the hard ones up (0.387 on the chain's DPO test pairs against 0.635 on its
+    1600 test prompts, each once). Only the first pair of each prompt in its split is judged."""
+    path = write_jsonl(tmp_path / "pairs.jsonl", labelled_pairs())
+    dm = datamodule(path, tmp_path, batch_size=4)
+    batches = list(dm.test_dataloader())
+    judged = torch.cat([b["judged"] for b in batches])
+    items = dm.datasets["test"]
+    assert [it["judged"] for it in items] == judged.tolist()
+    first = {}
+    for it in items:
+        first.setdefault(tuple(it["prompt"]), it["index"])
+    assert [it["index"] for it in items if it["judged"]] == sorted(first.values())
+    seen = []
+    task = SimpleNamespace(evaluate_policy=lambda batch, stage, i: seen.append((batch, stage, i)))
+    for i, batch in enumerate(batches):
+        DPOTask._evaluate_prompts(task, batch, "test", i)
+    prompts = [
+        tuple(p[m].tolist())
+        for batch, _, _ in seen
+        for p, m in zip(batch["prompt_ids"], batch["prompt_mask"])
+    ]
+    assert sorted(prompts) == sorted(first) and len(prompts) == len(set(prompts))
+    answers = [a for batch, _, _ in seen for a in batch["answers"]]
+    assert answers == [r["answer"] for r, it in zip(dm.records()["test"], items) if it["judged"]]

@@ -194,6 +194,8 @@ def test_a_step_limited_run_validates_its_last_step_and_says_where_everything_we
 ):
     # 3 steps, validation every 100: without the final validation there is no best checkpoint and no val/loss
     overrides = [o for o in TINY_LM if o != "callbacks.progress_bar=null"]
+    # the live step bar, which a terminal gets (captured output is not one: it would get plain lines)
+    overrides.append("callbacks.progress_bar._target_=lit_transformers.callbacks.console.TerminalProgressBar")
     with caplog.at_level(logging.WARNING):
         train(compose_cfg(*overrides, "trainer.max_steps=3", "trainer.val_check_interval=100"))
     best = tmp_path / "checkpoints" / "step_000003.ckpt"

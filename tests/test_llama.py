@@ -38,6 +38,9 @@ VARIANTS = {  # name: (model_type, config overrides, sequence length)
     "llama_attention_and_mlp_biases": ("llama", {"attention_bias": True, "mlp_bias": True}, 20),
     "qwen2_qkv_bias_tied": ("qwen2", {"tie_word_embeddings": True, "rope_theta": 1e6}, 20),
     "mistral_sliding_window": ("mistral", {"sliding_window": 6}, 20),  # longer than the window
+    # heads wider and narrower than hidden_size / num_attention_heads = 8 (Qwen3's and some Mistrals' layout)
+    "llama_head_dim_wider": ("llama", {"head_dim": 16}, 20),
+    "qwen2_head_dim_narrower": ("qwen2", {"head_dim": 4, "num_key_value_heads": 1}, 20),
     "rope_linear": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, 20),
     # dynamic NTK changes the frequencies only past max_position_embeddings
     "rope_dynamic": (
@@ -84,6 +87,7 @@ def test_logits_match_transformers_from_a_saved_directory(tmp_path, variant):
     ours = GPT.from_hf(_saved(tmp_path, hf)).eval()
     ids = _ids(length)
     assert ours.config.n_kv_head == hf.config.num_key_value_heads
+    assert ours.config.head_size == hf.model.layers[0].self_attn.head_dim  # head_dim variants: not 8
     expected = _logits(hf, ids)
     torch.testing.assert_close(_logits(ours, ids), expected, atol=1e-4, rtol=0)
     # the RoPE base, scaling and window must matter at this length, or the parity could not see one dropped
@@ -106,7 +110,13 @@ def test_fused_lm_head_loss_equals_transformers_loss(variant):
     torch.testing.assert_close(total / count, expected, atol=1e-5, rtol=0)
 
 
-GENERATING = ["llama_gqa_untied_theta", "qwen2_qkv_bias_tied", "mistral_sliding_window", "rope_dynamic"]
+GENERATING = [
+    "llama_gqa_untied_theta",
+    "qwen2_qkv_bias_tied",
+    "mistral_sliding_window",
+    "rope_dynamic",
+    "llama_head_dim_wider",
+]
 
 
 def _prompts():
@@ -163,6 +173,8 @@ def test_kv_cache_holds_n_kv_head_heads():
         ({"bias": True}, "LlamaForCausalLM"),
         ({"n_kv_head": 2, "sliding_window": 5, "rope_scaling": LINEAR}, "MistralForCausalLM"),
         ({"rope_scaling": DYNAMIC}, "LlamaForCausalLM"),
+        ({"head_dim": 12, "n_kv_head": 2}, "LlamaForCausalLM"),
+        ({"head_dim": 4, "qkv_bias": True}, "Qwen2ForCausalLM"),
     ],
 )
 def test_to_hf_round_trip(tmp_path, overrides, architecture):
@@ -261,6 +273,9 @@ def test_a_config_no_hf_decoder_represents_is_refused_on_export():
     config = GPTConfig(vocab_size=V, block_size=16, n_layer=1, n_head=2, d_model=16, norm="rmsnorm")
     with pytest.raises(ValueError, match="gated_mlp=False.*position='learned'"):
         GPT(config).to_hf()
+    gpt2_layout = dataclasses.replace(config, norm="layernorm", head_dim=4)
+    with pytest.raises(ValueError, match="GPT-2 has no head_dim.*the Llama layout"):
+        GPT(gpt2_layout).to_hf()
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,9 @@ saved, their checkpoints rebuild (and insist on) their base, and a LoRA run resu
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import re
 from pathlib import Path
 
 import lightning
@@ -13,7 +15,12 @@ from torch import nn
 
 from lit_transformers.generate import language_model
 from lit_transformers.models import BERT, GPT, BERTConfig, GPTConfig
+from lit_transformers.models.backbone import create_backbone
+from lit_transformers.models.clip import CLIP, CLIPConfig
+from lit_transformers.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from lit_transformers.tasks.causal_lm import CausalLMTask
+from lit_transformers.tasks.contrastive import ContrastiveTask
+from lit_transformers.tasks.image_classification import ImageClassificationTask
 from lit_transformers.tasks.lora import (
     LoRASpec,
     adapters_disabled,
@@ -25,6 +32,7 @@ from lit_transformers.tasks.lora import (
 from lit_transformers.tasks.sequence_classification import SequenceClassificationTask
 from lit_transformers.tasks.sft import SFTTask
 from lit_transformers.tasks.specs import config_spec
+from lit_transformers.tasks.translation import TranslationTask
 from lit_transformers.train import train
 
 from test_instructgpt import TINY, TINY_DATA, TINY_TASK
@@ -182,6 +190,61 @@ def test_bert_classifier_trains_adapters_and_its_new_classifier(tmp_path):
     assert _optimized(task) == {id(p) for p in task.parameters() if p.requires_grad}
 
 
+def _vit_task(tmp_path: Path) -> ImageClassificationTask:
+    backbone = {"name": "vit_tiny_patch16_224", "img_size": 32, "depth": 2}
+    torch.manual_seed(0)
+    base = _base_file(tmp_path, create_backbone(**backbone, num_classes=3))  # timm pretrained on our classes
+    backbone |= {"pretrained": True, "pretrained_file": base}
+    return ImageClassificationTask(
+        model={"backbone": backbone}, class_names=list("abc"), optimizer=ADAM, lora={}
+    )
+
+
+def _translation_task(tmp_path: Path) -> TranslationTask:
+    spec = Seq2SeqConfig(64, max_len=16, n_encoder_layer=1, n_decoder_layer=1, n_head=2, d_model=16, d_ff=32)
+    spec = dataclasses.replace(spec, pad_id=0, bos_id=1, eos_id=2)
+    base = _base_file(tmp_path, Seq2SeqTransformer(spec))
+    return TranslationTask(model=spec, optimizer=ADAM, init_from=base, lora={})
+
+
+def _clip_task(tmp_path: Path) -> ContrastiveTask:
+    image = {"name": "vit_tiny_patch16_224", "img_size": 32, "depth": 1}
+    spec = CLIPConfig(image, 16, 64, 2, context_length=8, text_width=16, text_layers=1, text_heads=2)
+    base = _base_file(tmp_path, CLIP(spec))
+    return ContrastiveTask(model=spec, optimizer=ADAM, init_from=base, lora={})
+
+
+VIT_LAYERS = {"attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"}  # timm's names, in every block
+OUR_LAYERS = {"attn.qkv_proj", "attn.out_proj", "mlp.fc", "mlp.proj"}  # nn.blocks' names
+CROSS = {"cross_attn.q_proj", "cross_attn.kv_proj", "cross_attn.out_proj"}
+
+
+@pytest.mark.parametrize(
+    "make, adapted, heads",
+    [
+        pytest.param(_vit_task, VIT_LAYERS, {"model.head.weight", "model.head.bias"}, id="vit"),
+        pytest.param(_translation_task, OUR_LAYERS | CROSS, set(), id="translation"),
+        pytest.param(_clip_task, OUR_LAYERS | VIT_LAYERS, set(), id="clip-both-towers"),
+    ],
+)
+def test_every_family_adapts_its_attention_and_mlp_projections_by_default(tmp_path, make, adapted, heads):
+    task = make(tmp_path)
+    task.configure_model()
+    trained = {name for name, p in task.named_parameters() if p.requires_grad}
+    assert heads <= trained and all(".lora_" in n for n in trained - heads)
+    layers = {re.sub(r"^.*?\.\d+\.", "", n.split(".lora_")[0]) for n in trained - heads}  # blocks.{i}.<layer>
+    assert layers == adapted
+    if make is _clip_task:
+        assert any(n.startswith("model.visual.") for n in trained) and any(
+            n.startswith("model.blocks.") for n in trained
+        )
+    assert _optimized(task) == {id(p) for p in task.parameters() if p.requires_grad}
+    checkpoint = {"state_dict": task.state_dict()}
+    task.on_save_checkpoint(checkpoint)
+    assert set(checkpoint["state_dict"]) >= trained  # what trains is saved; the base is named instead
+    assert str(tmp_path / "base.pt") in checkpoint["lora_base"]["source"]
+
+
 def _saved_size(task) -> int:
     checkpoint = {"state_dict": task.state_dict()}
     task.on_save_checkpoint(checkpoint)
@@ -239,7 +302,7 @@ def test_unknown_modules_to_save_and_keys_are_named(tmp_path):
 
 def test_lora_without_a_pretrained_base_is_refused():
     task = CausalLMTask(model=GPTConfig(**TINY_GPT), optimizer=ADAM, lora={"r": 4})
-    with pytest.raises(ValueError, match="set init_from=<checkpoint> or task.init_from_hf"):
+    with pytest.raises(ValueError, match="set init_from=<checkpoint>, task.init_from_hf"):
         task.configure_model()
 
 

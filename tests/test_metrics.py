@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lit_transformers.callbacks.throughput import TokensPerSecond
+from lit_transformers.callbacks.throughput import Throughput
 from lit_transformers.train import train
 
 from conftest import TINY_LM
@@ -34,10 +34,10 @@ class HandClock(L.Callback):
         self.now = 0.0
 
     def on_fit_start(self, trainer, pl_module):
-        (tokens_per_s,) = [c for c in trainer.callbacks if isinstance(c, TokensPerSecond)]
+        (throughput,) = [c for c in trainer.callbacks if isinstance(c, Throughput)]
         # its hooks run before these, so it has stopped its clock when this one moves it outside training
-        assert trainer.callbacks.index(tokens_per_s) < trainer.callbacks.index(self)
-        tokens_per_s.clock = lambda: self.now
+        assert trainer.callbacks.index(throughput) < trainer.callbacks.index(self)
+        throughput.clock = lambda: self.now
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self.now += 1.0
@@ -68,7 +68,7 @@ def test_tokens_per_s_counts_training_time_only(compose_cfg, tmp_path):
     rows = _rows(tmp_path)
     assert [int(r["step"]) for r in rows if r.get("val/loss")] == [3, 6]  # mid-run, and after the last step
     assert (tmp_path / "checkpoints" / "step_000004.ckpt").is_file()
-    rates = {int(r["step"]): float(r["train/tokens_per_s"]) for r in rows if r.get("train/tokens_per_s")}
+    rates = {int(r["step"]): float(r["train/tokens_per_sec"]) for r in rows if r.get("train/tokens_per_sec")}
     # every step but the first (no start to time from) ran 1 s of training, whatever happened between steps
     tokens = cfg.data.batch_size * cfg.data.block_size
     assert rates == {step: tokens / 1.0 for step in range(1, 7)}

@@ -68,13 +68,13 @@ def test_every_lm_experiment_runs_fast_dev_run(compose_cfg, experiment):
 
 
 def test_tiny_run_logs_namespaced_metrics_checkpoints_and_samples(compose_cfg, tmp_path, capsys):
-    metrics = train(compose_cfg(*TINY_LM, "callbacks.tokens_per_s.peak_flops=1e9")).metrics
+    metrics = train(compose_cfg(*TINY_LM, "callbacks.throughput.peak_flops=1e9")).metrics
     rows = _metrics(tmp_path)
     logged = {k for row in rows for k, v in row.items() if v}
     for key in (
         "train/loss",
         "train/grad_norm",
-        "train/tokens_per_s",
+        "train/tokens_per_sec",
         "train/mfu",
         "train/lr/pg1",
         "val/loss",
@@ -89,7 +89,9 @@ def test_tiny_run_logs_namespaced_metrics_checkpoints_and_samples(compose_cfg, t
     n_weights = 300 * 32 + 12 * 32 * 32 + 13 * 32 + 2 * 32
     flops = 6 * n_weights + 12 * 1 * 32 * 32
     row = next(r for r in rows if r.get("train/mfu"))
-    assert float(row["train/mfu"]) == pytest.approx(float(row["train/tokens_per_s"]) * flops / 1e9, rel=1e-5)
+    assert float(row["train/mfu"]) == pytest.approx(
+        float(row["train/tokens_per_sec"]) * flops / 1e9, rel=1e-5
+    )
     # perplexity (torchmetrics, token-weighted) is exp of the mean token loss
     assert metrics["val/ppl"] == pytest.approx(torch.tensor(metrics["val/loss"]).exp().item(), rel=1e-3)
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
@@ -200,8 +202,8 @@ def test_missing_required_value_is_reported(compose_cfg):
 
 def test_logger_or_callback_without_target_is_an_error(compose_cfg):
     cfg = compose_cfg()
-    cfg.callbacks.tokens_per_s = {"key": "input_ids"}
-    with pytest.raises(ConfigError, match="callbacks.tokens_per_s has no _target_"):
+    cfg.callbacks.throughput = {"peak_flops": None}
+    with pytest.raises(ConfigError, match="callbacks.throughput has no _target_"):
         instantiate_group(cfg.callbacks, "callbacks")
 
 

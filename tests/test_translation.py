@@ -198,7 +198,7 @@ def test_tiny_run_logs_scores_translations_and_cross_attention(tiny_run):
     for key in (
         "train/loss",
         "train/padding",
-        "train/tokens_per_s",
+        "train/tokens_per_sec",
         "val/loss",
         "val/ppl",
         "val/bleu",

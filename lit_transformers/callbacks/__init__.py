@@ -12,6 +12,6 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "progress": ["StepProgressBar"],
         "random_state": ["RandomStateCheckpoint"],
         "samples": ["TextSamples"],
-        "throughput": ["TokensPerSecond"],
+        "throughput": ["StageClock", "Throughput"],
     },
 )

@@ -2,25 +2,41 @@
 
 from __future__ import annotations
 
+import math
+
 import lightning as L
 from lightning.pytorch.callbacks import RichProgressBar
 
 
 class StepProgressBar(RichProgressBar):
     """``step ━━━━━ 120/5000`` across epochs for step-limited runs (Lightning's bar restarts every epoch and reads
-    ``Epoch 19/-2`` when ``max_epochs=-1``); epoch-limited runs keep Lightning's per-epoch bar."""
+    ``Epoch 19/-2`` when ``max_epochs=-1``); epoch-limited runs keep Lightning's per-epoch bar.
+
+    A task whose training batch steps the optimizer several times (PPO: one iteration, ``num_ppo_epochs x
+    num_mini_batches`` steps) says how many in ``optimizer_steps_per_batch``; the bar then counts its
+    iterations, the axis its scalars and tables are logged on, up to the iterations ``max_steps`` allows."""
 
     def _by_steps(self) -> bool:
         return self.trainer.max_epochs == -1 and (self.trainer.max_steps or 0) > 0
 
+    def _steps_per_batch(self) -> int:
+        return getattr(self.trainer.lightning_module, "optimizer_steps_per_batch", 1)
+
+    def _total(self) -> int:
+        return math.ceil(self.trainer.max_steps / self._steps_per_batch())
+
+    def _completed(self) -> int:
+        return self.trainer.global_step // self._steps_per_batch()
+
     @property
     def total_train_batches(self) -> int | float:
-        return self.trainer.max_steps if self._by_steps() else super().total_train_batches
+        return self._total() if self._by_steps() else super().total_train_batches
 
     def _get_train_description(self, current_epoch: int) -> str:
         if not self._by_steps():
             return super()._get_train_description(current_epoch)
-        return f"{'step':{len(self.validation_description)}}"  # aligned with the validation bar below
+        unit = "step" if self._steps_per_batch() == 1 else "iteration"
+        return f"{unit:{len(self.validation_description)}}"  # aligned with the validation bar below
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self._by_steps():
@@ -29,12 +45,12 @@ class StepProgressBar(RichProgressBar):
             super().on_train_epoch_start(trainer, pl_module)
             if self.progress is not None:  # a resumed run starts where it left off, without a speed spike
                 self.progress.reset(
-                    self.train_progress_bar_id, total=trainer.max_steps, completed=trainer.global_step
+                    self.train_progress_bar_id, total=self._total(), completed=self._completed()
                 )
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx
     ) -> None:
-        # the parent draws ``batch_idx + 1`` batches done; in step mode the count is the global step
-        position = trainer.global_step - 1 if self._by_steps() else batch_idx
+        # the parent draws ``batch_idx + 1`` batches done; in step mode the steps (or iterations) done
+        position = self._completed() - 1 if self._by_steps() else batch_idx
         super().on_train_batch_end(trainer, pl_module, outputs, batch, position)

@@ -1,12 +1,18 @@
-"""Training throughput in tokens per second, summed over ranks, and model FLOPs utilisation.
+"""Training throughput of every family: ``train/samples_per_sec``, ``train/tokens_per_sec`` (real tokens, padding
+left out) and ``train/mfu`` (model FLOPs utilisation) where the model counts its FLOPs; and :class:`StageClock`,
+the seconds of each stage of an RL iteration (``train/time/generation_s``, ...).
 
-Lightning's ``ThroughputMonitor`` reports samples and items under its own names and needs a
-``length_fn``; dashboards here expect ``train/tokens_per_s`` and ``train/mfu``, so this stays a few lines.
+Lightning's ``ThroughputMonitor`` was read and not used: it multiplies rank 0's counts by the world size as this
+does, but it reports only after a window of ``window_size`` (100) batches, assumes one batch size for the whole
+run, keeps its clock running through checkpoint writes, and takes one ``flops_per_batch`` for every batch, where
+padded batches differ in length (and attention FLOPs grow with it). Its ``get_available_flops`` table gives the
+peak here; tests check our FLOPs counts against ``torch.utils.flop_counter``, which its ``measure_flops`` wraps.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import lightning as L
 import torch
@@ -16,51 +22,107 @@ from lightning.fabric.utilities.throughput import get_available_flops
 def matmul_flops(
     device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, n: int = 2048
 ) -> float:
-    """This device's measured FLOP/s on a large (n x n x n) matmul: the best of a few, after a warm-up."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    """This device's measured FLOP/s on a large (n x n x n) matmul: the best of a few, after a warm-up. Its
+    own random generator: measured during training, it leaves the run's random stream (dropout) alone."""
+    generator = torch.Generator(device).manual_seed(0)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype, generator=generator) for _ in range(2))
     best = float("inf")
     for _ in range(4):
-        if a.is_cuda:
-            torch.cuda.synchronize()
+        synchronize(a.device)
         t0 = time.perf_counter()
         torch.mm(a, b)
-        if a.is_cuda:
-            torch.cuda.synchronize()
+        synchronize(a.device)
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best
 
 
-class TokensPerSecond(L.Callback):
-    """``train/tokens_per_s`` over training time only, and ``train/mfu`` when the model states its training
-    FLOPs per token (``model.flops_per_token()``, e.g. GPT): achieved FLOP/s over ``peak_flops`` per device.
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a clock read after it has timed that work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class BatchCount:
+    samples: int  # sequences (rows, when packed), images, image-caption pairs, preference pairs or prompts
+    tokens: int | None = None  # real (non-padding) tokens; None where the unit is an image or a prompt
+    flops: int | None = None  # training FLOPs (forward + backward) of the model, None where not counted
+
+
+def count_batch(pl_module: L.LightningModule, batch) -> BatchCount:
+    """What one training batch holds, read from the layouts of ``lit_transformers.data``'s collators:
+
+    - preference pairs (reward, DPO: ``pair_mask``): pairs, and the real tokens of both responses' rows;
+    - translation (``src_valid``/``tgt_valid``): sentence pairs, real target tokens (fairseq's ``wps``), FLOPs of
+      the real source and target tokens;
+    - images (ViT: ``(images, labels)``; CLIP: ``image``): images (CLIP: image-caption pairs), FLOPs of a ViT;
+    - text (``input_ids``: GPT, SFT, BERT): sequences, real tokens (``attention_mask`` where it is per token, else
+      the ids that are not the pad id; a packed row counts its samples' tokens), FLOPs of those tokens;
+    - prompts (PPO, GRPO: ``prompt_ids`` alone): prompts, a whole iteration each (see :class:`StageClock`).
+
+    FLOPs are counted on the real tokens at the batch's padded length (attention spans it): padding is compute
+    the model did not need, so it lowers MFU.
+    """
+    model = getattr(pl_module, "model", None)
+    if isinstance(batch, (list, tuple)):
+        from lit_transformers.models.backbone import vit_flops_per_image  # timm, imported by image runs only
+
+        images = batch[0]
+        flops = vit_flops_per_image(model)
+        return BatchCount(images.size(0), None, flops and flops * images.size(0))
+    if "pair_mask" in batch:  # chosen rows, then rejected ones
+        return BatchCount(batch["pair_mask"].size(0) // 2, int(batch["pair_mask"].sum()))
+    if "src_valid" in batch:
+        src, tgt = batch["src_valid"], batch["tgt_valid"]
+        per_source, per_target = model.flops_per_token(src.size(1), tgt.size(1))
+        src_tokens, tgt_tokens = int(src.sum()), int(tgt.sum())
+        return BatchCount(src.size(0), tgt_tokens, per_source * src_tokens + per_target * tgt_tokens)
+    if "image" in batch:
+        return BatchCount(batch["image"].size(0))
+    if "input_ids" in batch:
+        ids, mask = batch["input_ids"], batch.get("attention_mask")
+        tokenizer = getattr(pl_module, "tokenizer", None)
+        pad_id = tokenizer.pad_id if tokenizer is not None else None
+        if mask is not None and mask.dim() == 2:
+            tokens = int(mask.sum())
+        else:  # no mask, or a packed batch's (R, 1, T, T) one
+            tokens = ids.numel() if pad_id is None else int((ids != pad_id).sum())
+        flops_per_token = getattr(model, "flops_per_token", None)
+        return BatchCount(ids.size(0), tokens, flops_per_token and flops_per_token(ids.size(1)) * tokens)
+    return BatchCount(batch["prompt_ids"].size(0))
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """The matmul dtype of a Lightning precision setting ("bf16-mixed" -> bfloat16, "32-true" -> float32)."""
+    if "bf16" in precision:
+        return torch.bfloat16
+    return torch.float16 if "16" in precision else torch.float32
+
+
+class Throughput(L.Callback):
+    """Per training step, over training time only: ``train/samples_per_sec``, ``train/tokens_per_sec`` where
+    the batch has tokens, and ``train/mfu`` where the model counts its FLOPs (:func:`count_batch`): achieved
+    FLOP/s over ``peak_flops`` per device. Rates are of all processes: this rank's counts times the world size
+    (summing the ranks' counts would synchronise them every step).
 
     ``peak_flops`` None: Lightning's table of known accelerators (datasheet peak at the run's precision), else a
     one-off matmul measurement on the device (CPUs, unlisted GPUs), so MFU is against what this machine does.
     """
 
-    def __init__(self, key: str = "input_ids", peak_flops: float | None = None):
-        self.key = key
+    def __init__(self, peak_flops: float | None = None):
         self.peak_flops = peak_flops
-        self._flops_per_token: int | None = None
         self._last: float | None = None  # end of the previous step, moved later by the pauses since
         self._paused: float | None = None  # when the clock stopped
         self.clock = time.perf_counter  # seconds; a test swaps in a clock it moves by hand
 
-    def on_fit_start(self, trainer, pl_module) -> None:
-        flops = getattr(getattr(pl_module, "model", None), "flops_per_token", None)
-        self._flops_per_token = flops() if flops else None
-        if self._flops_per_token and self.peak_flops is None:
-            precision = str(trainer.precision)
-            dtype = (
-                torch.bfloat16
-                if "bf16" in precision
-                else torch.float16
-                if "16" in precision
-                else torch.float32
-            )
-            self.peak_flops = get_available_flops(pl_module.device, dtype) or matmul_flops(
-                pl_module.device, dtype
-            )
+    def _peak(self, trainer, pl_module) -> float:
+        if self.peak_flops is None:
+            dtype = precision_dtype(str(trainer.precision))
+            self.peak_flops = get_available_flops(pl_module.device, dtype)
+            if self.peak_flops is None:
+                self._pause()  # seconds of matmuls, at the first step that has FLOPs: not training time
+                self.peak_flops = matmul_flops(pl_module.device, dtype)
+        return self.peak_flops
 
     # validation, checkpoint writing and the turn of an epoch are not training time: they stop the clock, and
     # the next training batch restarts it
@@ -83,11 +145,43 @@ class TokensPerSecond(L.Callback):
         self._paused = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        synchronize(pl_module.device)
         now = self.clock()
         if self._last is not None:
-            rate = batch[self.key].numel() * trainer.world_size / (now - self._last)
-            pl_module.log("train/tokens_per_s", rate, on_step=True, on_epoch=False)
-            if self._flops_per_token:
-                mfu = rate * self._flops_per_token / (self.peak_flops * trainer.world_size)
-                pl_module.log("train/mfu", mfu, on_step=True, on_epoch=False)
+            count, scale = count_batch(pl_module, batch), trainer.world_size / (now - self._last)
+            rates = {"train/samples_per_sec": count.samples * scale}
+            if count.tokens is not None:
+                rates["train/tokens_per_sec"] = count.tokens * scale
+            if count.flops:
+                rates["train/mfu"] = (
+                    count.flops * scale / (self._peak(trainer, pl_module) * trainer.world_size)
+                )
+            for key, rate in rates.items():
+                pl_module.log(key, rate, on_step=True, on_epoch=False)
         self._last = now
+
+
+class StageClock:
+    """Seconds of each stage of a training step that has stages (PPO's and GRPO's generation, scoring and
+    update), logged as ``train/time/<stage>_s``: ``start(device)``, then ``lap(stage)`` at the end of each
+    stage (the seconds since the previous lap, the device's queued work included), then ``log(module)``."""
+
+    def __init__(self):
+        self.device = torch.device("cpu")
+        self.seconds: dict[str, float] = {}
+        self._last = 0.0
+
+    def start(self, device: torch.device) -> None:
+        self.device, self.seconds = device, {}
+        synchronize(device)
+        self._last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        synchronize(self.device)
+        now = time.perf_counter()
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + now - self._last
+        self._last = now
+
+    def log(self, module: L.LightningModule) -> None:
+        for stage, seconds in self.seconds.items():
+            module.log(f"train/time/{stage}_s", seconds, on_step=True, on_epoch=False)

@@ -6,6 +6,7 @@ Every source yields ``(PIL image, class index)`` pairs; a split's transform is a
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from lit_transformers.data.checks import check_batch_size
 from lit_transformers.data.image_io import SkipUnreadable, open_image
 from lit_transformers.data.loaders import make_loader
 
+log = logging.getLogger(__name__)
 SOURCES = ("digits", "folder", "cifar10", "cifar100", "mnist")
 TORCHVISION = {"cifar10": datasets.CIFAR10, "cifar100": datasets.CIFAR100, "mnist": datasets.MNIST}
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -65,10 +67,18 @@ def stratified_split(
     seed: int,
     splits=("train", "val", "test"),
 ) -> dict[str, list[int]]:
-    """Indices per split, every class in the same proportion (sklearn ``train_test_split(stratify=...)``)."""
+    """Indices per split, every class in the same proportion (sklearn ``train_test_split(stratify=...)``).
+    ``test_fraction=1``: every index is the test split's (a run that trains nothing scores them all)."""
     index = np.arange(len(targets))
     targets = np.asarray(targets)
     held_out = val_fraction + test_fraction
+    if test_fraction == 1:
+        if val_fraction:
+            raise ValueError(
+                f"data.test_fraction=1 puts every image in the test split, leaving none for "
+                f"data.val_fraction={val_fraction}; set data.val_fraction=0"
+            )
+        return {"train": [], "val": [], "test": index.tolist()}
     train, rest = train_test_split(index, test_size=held_out, stratify=targets, random_state=seed)
     if len(splits) == 2:
         return {splits[0]: sorted(train), splits[1]: sorted(rest)}
@@ -247,6 +257,12 @@ class ImageClassificationDataModule(L.LightningDataModule):
         splits, self.class_names = load_image_splits(
             h.source, h.root, False, h.val_fraction, h.test_fraction, h.seed
         )
+        if not len(splits["train"]):
+            log.info(
+                "data.test_fraction=1: the test split is every image of %s (%d), none held out for training",
+                h.root or h.source,
+                len(splits["test"]),
+            )
         for name, dataset in splits.items():
             transform = build_transform(
                 name == "train", h.img_size, h.in_chans, h.mean, h.std, **(h.transform or {})
@@ -262,7 +278,7 @@ class ImageClassificationDataModule(L.LightningDataModule):
         collate = MixupCollate(timm.data.Mixup(**h.mixup, num_classes=self.num_classes)) if h.mixup else None
         # timm Mixup needs full, even batches, so a ragged last batch is dropped when mixing
         return make_loader(
-            SkipUnreadable(self.datasets["train"]),
+            SkipUnreadable(self._split("train")),
             h.batch_size,
             True,
             h.num_workers,
@@ -280,5 +296,13 @@ class ImageClassificationDataModule(L.LightningDataModule):
     def _eval_loader(self, split: str) -> DataLoader:
         h = self.hparams
         return make_loader(
-            SkipUnreadable(self.datasets[split]), h.batch_size, False, h.num_workers, trainer=self.trainer
+            SkipUnreadable(self._split(split)), h.batch_size, False, h.num_workers, trainer=self.trainer
         )
+
+    def _split(self, name: str) -> Dataset:
+        if not len(self.datasets[name]):
+            raise ValueError(
+                f"The {name} split is empty: data.test_fraction={self.hparams.test_fraction} puts every image in "
+                "the test split, for a run that trains nothing (train=false); lower it to train"
+            )
+        return self.datasets[name]

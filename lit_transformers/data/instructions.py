@@ -34,10 +34,13 @@ from lit_transformers.data.records import file_identity
 from lit_transformers.text import IGNORE_INDEX, left_pad, pad_pairs, right_pad
 from lit_transformers.text.chat import no_chat_template
 from lit_transformers.text.instructions import (
+    MIXES,
     encode_conversation,
     informative,
     is_conversational,
     make_examples,
+    task_kinds,
+    with_correct_chosen,
 )
 
 log = logging.getLogger(__name__)
@@ -94,7 +97,8 @@ def pack(
 
 def collate(items: list[dict], format: str, pad_id: int, packing: bool = False, width: int = 0) -> dict:
     """Token lists -> tensors: always ``prompt_ids``/``prompt_mask`` (left-padded) and ``answers`` (for the
-    judge; None without), ``index`` (each item's position in its split) when the items carry one, plus
+    judge; None without), ``index`` (each item's position in its split) and ``judged`` (whether it is the first
+    pair of its prompt, which a policy's judged evaluation takes) when the items carry them, plus
     ``input_ids``/``labels`` (sft, prompt labels IGNORE_INDEX, and so the completion's tokens that an item's
     ``targets`` mark IGNORE_INDEX: a conversation's other turns) or ``pair_ids``/``pair_mask``/``response_mask``
     (pairs: chosen rows first, then rejected)."""
@@ -104,6 +108,8 @@ def collate(items: list[dict], format: str, pad_id: int, packing: bool = False, 
     batch["answers"] = answers if all(a is not None for a in answers) else None
     if all("index" in it for it in items):
         batch["index"] = torch.tensor([it["index"] for it in items])
+    if all("judged" in it for it in items):
+        batch["judged"] = torch.tensor([it["judged"] for it in items])
     if format == "sft":
         sequences = [it["prompt"] + it["completion"] for it in items]
         # label t is token t+1: only completion tokens (and EOS, or a turn's end) are targets
@@ -140,8 +146,9 @@ class InstructionDataModule(TextDataModule):
         path: str | None = None,
         subset: str | None = None,
         split: str = "train",
-        kinds: Sequence[str] = ("reverse", "sort", "count", "last"),
+        kinds: str | Sequence[str] = MIXES["basic"],
         n_examples: int = 32000,
+        correct_chosen_only: bool = False,
         pool: str = "all",
         pool_shares: dict[str, float] | None = None,
         min_words: int = 2,
@@ -160,6 +167,12 @@ class InstructionDataModule(TextDataModule):
         super().__init__(**shared)
         if format not in FIELDS:
             raise ValueError(f"data.format={format!r}: choose one of {sorted(FIELDS)}")
+        task_kinds(kinds)  # a list of known kinds, or a mix's name
+        if correct_chosen_only and format != "pairs":
+            raise ValueError(
+                f"data.correct_chosen_only=true screens preference pairs, but data.format={format}; set"
+                " data.format=pairs or data.correct_chosen_only=false"
+            )
         shares = pool_shares or {}
         if pool != "all" and pool not in shares:
             raise ValueError(f"data.pool={pool!r}: choose all or one of data.pool_shares {sorted(shares)}")
@@ -183,7 +196,7 @@ class InstructionDataModule(TextDataModule):
             h = self.hparams
             if h.source == "embedded":
                 words = common_words(CorpusSpec(**(h.corpus or {})), h.n_words)
-                records = make_examples(words, h.n_examples, list(h.kinds), h.min_words, h.max_words, h.seed)
+                records = make_examples(words, h.n_examples, h.kinds, h.min_words, h.max_words, h.seed)
                 records = [r | {"where": f"embedded example {i}"} for i, r in enumerate(records)]
             elif h.source == "jsonl":
                 records = read_jsonl(h.path, FIELDS[h.format], h.encoding)
@@ -191,6 +204,8 @@ class InstructionDataModule(TextDataModule):
                 if not h.path:
                     raise ValueError("data.source=hub needs data.path=<dataset name or save_to_disk folder>")
                 records = read_hub(h.path, h.subset, h.split, FIELDS[h.format])
+            if h.correct_chosen_only:
+                records = with_correct_chosen(records)
             parts = split_records(records, h.val_fraction, h.test_fraction, h.seed, h.pool, h.pool_shares)
             # each split in a seeded random order: a prefix (limit_val_batches) mixes every kind of task
             order = random.Random(h.seed)
@@ -256,6 +271,11 @@ class InstructionDataModule(TextDataModule):
             kept = informative(h.format, name, records, items, source)
             self._records[name] = [records[i] for i in kept]  # what the label stage pairs with the items
             self.datasets[name] = [items[i] | {"index": j} for j, i in enumerate(kept)]
+            if h.format == "pairs":  # a policy is judged once per prompt, on the first of its pairs
+                seen: set[tuple[int, ...]] = set()
+                for item in self.datasets[name]:
+                    item["judged"] = tuple(item["prompt"]) not in seen
+                    seen.add(tuple(item["prompt"]))
             n_cut[name] = sum(encoded[i][1] for i in kept)
         self.collate = partial(
             collate, format=h.format, pad_id=self.tokenizer.pad_id, packing=h.packing, width=h.max_length

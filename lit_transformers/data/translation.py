@@ -39,6 +39,14 @@ def clean_ui_message(text: str) -> str:
     return " ".join(_ACCELERATOR.sub("", text).split())
 
 
+def reads_as_sentence(text: str) -> bool:
+    """At least three words, two thirds of them made of letters: "Delete 12 items from the list", not
+    "%s: %s" or "Open file 3"."""
+    words = text.split()
+    lettered = [w for w in words if w.strip(".,:;!?'\"()").isalpha()]
+    return len(lettered) >= 3 and 3 * len(lettered) >= 2 * len(words)
+
+
 def gettext_pairs(locale_dir: str | Path, language: str) -> list[Pair]:
     """(English msgid, translation) pairs of every catalog of ``language``, cleaned
     (:func:`clean_ui_message`), without plural entries; one pair per source sentence (its most frequent
@@ -328,5 +336,11 @@ class TranslationDataModule(TextDataModule):
         )
 
     def fixed_examples(self, n: int) -> list[Pair]:
-        """The first ``n`` validation pairs, shown on dashboards at every validation."""
-        return self.splits["val"][:n]
+        """``n`` validation pairs shown on dashboards, the same at every validation: spread evenly over the
+        pairs whose source reads as a sentence (:func:`reads_as_sentence`), so that the ``%s`` and
+        ``{name}`` entries that sort first in gettext catalogs are not all a dashboard shows; over every
+        pair when too few read so."""
+        pairs = self.splits["val"]
+        sentences = [pair for pair in pairs if reads_as_sentence(pair[0])]
+        pool = sentences if len(sentences) >= n else pairs
+        return [pool[i * len(pool) // n] for i in range(n)] if len(pool) > n else pool

@@ -9,6 +9,7 @@ from pathlib import Path
 import timm
 from torch import nn
 
+from lit_transformers.nn import TRAINING_FLOPS_PER_WEIGHT, attention_flops, linear_weights
 from lit_transformers.utils.checkpoints import read_weights
 
 
@@ -88,3 +89,20 @@ def create_backbone(
             f"({first[:200]}); pass weights of that model, or set model.backbone.name and its sizes (img_size, "
             "patch_size, depth, ...) to those the weights were trained with"
         ) from err
+
+
+def vit_flops_per_image(model: nn.Module) -> int | None:
+    """Training FLOPs per image of a timm Vision Transformer (``nn.flops``); None for other backbones. timm has
+    no FLOPs counter of its own (its benchmark script borrows fvcore's or DeepSpeed's), so this counts the
+    matmuls of the model as built: for each of the N tokens (patches + class/register tokens) 6 per block
+    weight and attention over N, 12 * depth * N * d; the patch projection once per patch, the head(s) once.
+    """
+    if not all(hasattr(model, name) for name in ("patch_embed", "blocks", "num_prefix_tokens", "embed_dim")):
+        return None
+    patches = model.patch_embed.num_patches
+    tokens = patches + model.num_prefix_tokens
+    blocks = linear_weights(model.blocks)
+    heads = linear_weights(model) - blocks  # the classifier(s), and any other matmul outside the blocks
+    per_image_weights = blocks * tokens + model.patch_embed.proj.weight.numel() * patches + heads
+    attention = attention_flops(len(model.blocks), tokens, model.embed_dim) * tokens
+    return TRAINING_FLOPS_PER_WEIGHT * per_image_weights + attention

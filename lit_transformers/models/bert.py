@@ -14,7 +14,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lit_transformers.nn import EncoderBlock, LearnedPositions, MaskedLMHead, padding_mask, token_embedding
+from lit_transformers.nn import (
+    TRAINING_FLOPS_PER_WEIGHT,
+    EncoderBlock,
+    LearnedPositions,
+    MaskedLMHead,
+    attention_flops,
+    linear_weights,
+    padding_mask,
+    token_embedding,
+)
 from lit_transformers.nn.attention import recorded_attention
 
 
@@ -80,9 +89,13 @@ class BERT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token: 6 per weight plus attention, 12 * n_layer * seq_len * d_model."""
+        """Training FLOPs per token of the encoder in a ``seq_len``-token batch: 6 per weight of the blocks'
+        matmuls plus attention, 12 * n_layer * seq_len * d_model (``nn.flops``). The heads are left out: the
+        pooler and NSP run once per sequence, the MLM head on the masked positions only."""
         c = self.config
-        return 6 * self.num_params() + 12 * c.n_layer * seq_len * c.d_model
+        return TRAINING_FLOPS_PER_WEIGHT * linear_weights(self.blocks) + attention_flops(
+            c.n_layer, seq_len, c.d_model
+        )
 
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         B, T = input_ids.shape

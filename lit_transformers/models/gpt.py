@@ -8,23 +8,29 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lit_transformers.nn import (
+    TRAINING_FLOPS_PER_WEIGHT,
     DecoderBlock,
     KVCache,
     LayerCache,
     LMHead,
     RotaryEmbedding,
     absolute_positions,
+    attention_flops,
     check_rope_scaling,
     linear_cross_entropy,
     norm_layer,
     token_embedding,
 )
+
+if TYPE_CHECKING:
+    from lit_transformers.text import Tokenizer
 
 
 @dataclass
@@ -44,6 +50,9 @@ class GPTConfig:
     norm: str = "layernorm"  # layernorm (GPT-2) | rmsnorm (Llama, Qwen2, Mistral)
     gated_mlp: bool = False  # gated FFN proj(act(x W_gate) * x W_up): SwiGLU with activation=silu (Llama)
     n_kv_head: int | None = None  # key/value heads: None = n_head; fewer = grouped-query; 1 = multi-query
+    head_dim: int | None = (
+        None  # width of each head; None = d_model / n_head (some Qwen3/Mistral sizes differ)
+    )
     qkv_bias: bool | None = None  # biases of the q/k/v projections; None = bias (Qwen2: true with bias=false)
     rope_theta: float = 10000.0  # RoPE base (position=rope; Llama 3: 500000)
     rope_scaling: dict | None = None  # HF's, e.g. {rope_type: linear, factor: 4.0}: linear|dynamic|llama3
@@ -51,6 +60,11 @@ class GPTConfig:
     # training: recompute each block's activations in the backward pass instead of keeping them (less memory,
     # about a third more compute); a setting of how it trains, not of the weights
     activation_checkpointing: bool = False
+
+    @property
+    def head_size(self) -> int:
+        """Each attention head's width: ``head_dim``, else ``d_model / n_head``."""
+        return self.head_dim or self.d_model // self.n_head
 
 
 class GPT(nn.Module):
@@ -70,9 +84,8 @@ class GPT(nn.Module):
         self.config = config
         self.tok_emb = token_embedding(config.vocab_size, config.d_model)
         self.pos_emb = absolute_positions(config.position, config.block_size, config.d_model)
-        head_dim = config.d_model // config.n_head
         self.rotary = (
-            RotaryEmbedding(head_dim, config.block_size, config.rope_theta, config.rope_scaling)
+            RotaryEmbedding(config.head_size, config.block_size, config.rope_theta, config.rope_scaling)
             if config.position == "rope"
             else None
         )
@@ -93,6 +106,7 @@ class GPT(nn.Module):
                 n_kv_head=config.n_kv_head,
                 qkv_bias=config.qkv_bias,
                 sliding_window=config.sliding_window,
+                head_dim=config.head_dim,
             )
             for _ in range(config.n_layer)
         )
@@ -120,11 +134,17 @@ class GPT(nn.Module):
             n -= sum(p.numel() for p in self.pos_emb.parameters())
         return n
 
-    def flops_per_token(self) -> int:
-        """Training FLOPs per token at full context: 6 per weight (forward + backward matmuls) plus the
-        attention scores and weighted values, 12 * n_layer * block_size * d_model (PaLM, appendix B)."""
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token of a ``seq_len``-token sequence (default: block_size): 6 per weight (forward +
+        backward matmuls) plus the attention scores and weighted values, 12 * n_layer * seq_len * n_head *
+        head_size (PaLM, appendix B, where n_head * head_size = d_model; ``nn.flops``). An untied token embedding
+        is a lookup, not a matmul: left out."""
         c = self.config
-        return 6 * self.num_params(non_embedding=True) + 12 * c.n_layer * c.block_size * c.d_model
+        weights = self.num_params(non_embedding=True)
+        if not c.tie_embeddings:
+            weights -= self.tok_emb.weight.numel()
+        span = seq_len or c.block_size
+        return TRAINING_FLOPS_PER_WEIGHT * weights + attention_flops(c.n_layer, span, c.n_head * c.head_size)
 
     def new_caches(self, batch_size: int, max_len: int, device=None, dtype=None) -> list[LayerCache]:
         """Empty per-layer KV caches for incremental decoding (see ``lit_transformers.nn.generate``): each
@@ -136,9 +156,7 @@ class GPT(nn.Module):
             )
         c = self.config
         return [
-            LayerCache(
-                KVCache(batch_size, c.n_kv_head or c.n_head, max_len, c.d_model // c.n_head, device, dtype)
-            )
+            LayerCache(KVCache(batch_size, c.n_kv_head or c.n_head, max_len, c.head_size, device, dtype))
             for _ in range(c.n_layer)
         ]
 
@@ -212,10 +230,30 @@ class GPT(nn.Module):
         """The converter module this config exports through: ``hf_gpt2`` (the GPT-2 layout) or ``hf_llama``."""
         from lit_transformers.models import hf_gpt2, hf_llama
 
-        return hf_gpt2 if self.config.norm == "layernorm" else hf_llama
+        c = self.config
+        if c.norm == "layernorm" and c.head_size * c.n_head != c.d_model:
+            raise ValueError(
+                f"GPT-2 has no head_dim of its own: head_dim={c.head_dim} with n_head={c.n_head} and "
+                f"d_model={c.d_model} does not export; the Llama layout (norm=rmsnorm) does"
+            )
+        return hf_gpt2 if c.norm == "layernorm" else hf_llama
 
-    def to_hf(self, save_dir: str | Path | None = None):
+    def to_hf(self, save_dir: str | Path | None = None, tokenizer: Tokenizer | None = None):
         """Export as ``transformers`` ``GPT2LMHeadModel`` (the GPT-2 layout) or ``LlamaForCausalLM`` /
         ``Qwen2ForCausalLM`` (q/k/v biases) / ``MistralForCausalLM`` (a sliding window), and
-        ``save_pretrained`` it when save_dir is given."""
-        return self.hf_converter().to_hf(self, save_dir)
+        ``save_pretrained`` it when save_dir is given. Our config holds no token ids: given the ``tokenizer`` the
+        model was trained with, config.json carries its bos/eos/pad ids (None for a role it lacks) and
+        generation_config.json stops at any of its ``end_of_turn_ids``, as instruct models ship; without one
+        they stay unset (GPT-2's 50256 in a GPT-2-size vocabulary)."""
+        hf_model = self.hf_converter().to_hf(self)
+        if tokenizer is not None:
+            import transformers
+
+            special = {f"{role}_token_id": tokenizer.ids.get(role) for role in ("bos", "eos", "pad")}
+            hf_model.config.update(special)
+            hf_model.generation_config = transformers.GenerationConfig(
+                **special | {"eos_token_id": tokenizer.end_of_turn_ids}
+            )
+        if save_dir is not None:
+            hf_model.save_pretrained(str(save_dir))
+        return hf_model

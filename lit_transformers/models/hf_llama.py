@@ -24,8 +24,8 @@ BUFFERS = (".rotary_emb.inv_freq",)
 
 
 def name_map(config: GPTConfig) -> NameMap:
-    head_dim = config.d_model // config.n_head
-    kv_dim = (config.n_kv_head or config.n_head) * head_dim
+    q_dim = config.n_head * config.head_size
+    kv_dim = (config.n_kv_head or config.n_head) * config.head_size
     qkv = tuple(f"self_attn.{name}_proj" for name in "qkv")
     gate_up = ("mlp.gate_proj", "mlp.up_proj")
 
@@ -36,8 +36,8 @@ def name_map(config: GPTConfig) -> NameMap:
     qkv_biased = config.bias if config.qkv_bias is None else config.qkv_bias
     layer = [  # ours under blocks.{i}. <- HF under model.layers.{i}.
         Weight("ln_1.weight", "input_layernorm.weight"),
-        fused("attn.qkv_proj", qkv, "weight", (config.d_model, kv_dim, kv_dim)),
-        *([fused("attn.qkv_proj", qkv, "bias", (config.d_model, kv_dim, kv_dim))] if qkv_biased else []),
+        fused("attn.qkv_proj", qkv, "weight", (q_dim, kv_dim, kv_dim)),
+        *([fused("attn.qkv_proj", qkv, "bias", (q_dim, kv_dim, kv_dim))] if qkv_biased else []),
         Weight("attn.out_proj.weight", "self_attn.o_proj.weight"),
         *([Weight("attn.out_proj.bias", "self_attn.o_proj.bias")] if biased else []),
         Weight("ln_2.weight", "post_attention_layernorm.weight"),
@@ -93,9 +93,9 @@ def config_from_hf(hf: dict) -> GPTConfig:
     unknown = set(hf.get("architectures") or ()) - set(ARCHITECTURES.values()) - BODIES
     if unknown:
         _refuse(hf, f"architectures {sorted(unknown)}")
-    head_dim = hf["hidden_size"] // hf["num_attention_heads"]
-    if hf.get("head_dim") not in (None, head_dim):
-        _refuse(hf, f"head_dim={hf['head_dim']} != hidden_size / num_attention_heads = {head_dim}")
+    head_dim = hf.get("head_dim")
+    if head_dim == hf["hidden_size"] // hf["num_attention_heads"]:
+        head_dim = None  # the default width: configs stay as they were before head_dim existed
     if hf.get("attention_bias", False) != hf.get("mlp_bias", False):
         _refuse(hf, "attention_bias != mlp_bias (ours biases the output projection and the MLP alike)")
     theta, scaling = rope_from_hf(hf)
@@ -119,6 +119,7 @@ def config_from_hf(hf: dict) -> GPTConfig:
         norm="rmsnorm",
         gated_mlp=True,
         n_kv_head=n_kv_head if n_kv_head != hf["num_attention_heads"] else None,  # None: multi-head
+        head_dim=head_dim,
         qkv_bias=True if hf["model_type"] == "qwen2" else None,
         rope_theta=theta,
         rope_scaling=scaling,
@@ -162,6 +163,7 @@ def hf_config(c: GPTConfig):
         "num_hidden_layers": c.n_layer,
         "num_attention_heads": c.n_head,
         "num_key_value_heads": c.n_kv_head or c.n_head,
+        "head_dim": c.head_size,
         "hidden_act": hf_convert.activation_to_hf(c.activation, FAMILY),
         "max_position_embeddings": max_positions,
         "rms_norm_eps": c.norm_eps,
@@ -169,7 +171,7 @@ def hf_config(c: GPTConfig):
         "rope_theta": c.rope_theta,
         "rope_scaling": scaling,
         "attention_dropout": c.dropout,
-        # our config holds no token ids; set them from your tokenizer
+        # our config holds no token ids: GPT.to_hf(tokenizer=...) sets them from the tokenizer
         "bos_token_id": None,
         "eos_token_id": None,
         "pad_token_id": None,

@@ -17,14 +17,17 @@ import torch
 from torch import nn
 
 from lit_transformers.nn import (
+    TRAINING_FLOPS_PER_WEIGHT,
     DecoderBlock,
     EncoderBlock,
     KVCache,
     LayerCache,
     RotaryEmbedding,
     absolute_positions,
+    attention_flops,
     generate,
     linear_cross_entropy,
+    linear_weights,
     padding_mask,
     token_embedding,
 )
@@ -154,6 +157,23 @@ class Seq2SeqTransformer(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, src_len: int, tgt_len: int) -> tuple[int, int]:
+        """Training FLOPs (per source token, per target token) of a batch of sources padded to ``src_len`` and
+        targets to ``tgt_len`` (``nn.flops``): 6 per weight a token passes through plus 12 * span * d_model per
+        attention layer. A source token: the encoder blocks, self-attention over src_len, and the projection to
+        every decoder layer's cross-attention keys/values. A target token: the decoder blocks but those, the
+        output layer, self-attention over tgt_len and cross-attention over src_len."""
+        c = self.config
+        cross_kv = sum(block.cross_attn.kv_proj.weight.numel() for block in self.decoder)
+        source = TRAINING_FLOPS_PER_WEIGHT * (linear_weights(self.encoder) + cross_kv) + attention_flops(
+            c.n_encoder_layer, src_len, c.d_model
+        )
+        target_weights = linear_weights(self.decoder) - cross_kv + self.output.weight.numel()
+        target = TRAINING_FLOPS_PER_WEIGHT * target_weights + attention_flops(
+            c.n_decoder_layer, tgt_len + src_len, c.d_model
+        )
+        return source, target
 
     def _embed(self, embedding: nn.Embedding, ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         x = embedding(ids) * self.embed_scale

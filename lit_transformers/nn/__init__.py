@@ -25,6 +25,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "norm_layer",
             "token_embedding",
         ],
+        "flops": ["TRAINING_FLOPS_PER_WEIGHT", "attention_flops", "linear_weights"],
         "generation": ["generate", "logprobs_of", "padded_forward", "sample_next", "token_logprobs"],
         "heads": ["ClassifierHead", "LMHead", "MaskedLMHead", "ScalarHead"],
         "losses": ["IGNORE_INDEX", "ClipLoss", "linear_cross_entropy", "token_cross_entropy", "token_mean"],

@@ -91,7 +91,9 @@ class MultiHeadAttention(nn.Module):
     ``n_kv_head`` < ``n_head`` is grouped-query attention (1: multi-query): each key/value head serves
     ``n_head / n_kv_head`` query heads, and a KV cache holds only the ``n_kv_head`` heads. ``qkv_bias``
     (default ``bias``) sets the query/key/value biases apart from the output's (Qwen2). A causal
-    ``sliding_window`` lets each query see only the latest that many keys (Mistral).
+    ``sliding_window`` lets each query see only the latest that many keys (Mistral). ``head_dim`` (default
+    ``d_model / n_head``) sets the heads' width apart from the model's: the heads then span
+    ``n_head * head_dim`` features, which ``out_proj`` maps back to ``d_model`` (Gemma, some Qwen/Mistral sizes).
     """
 
     def __init__(
@@ -105,24 +107,26 @@ class MultiHeadAttention(nn.Module):
         n_kv_head: int | None = None,
         qkv_bias: bool | None = None,
         sliding_window: int | None = None,
+        head_dim: int | None = None,
     ):
         super().__init__()
         n_kv_head = n_kv_head or n_head
-        if d_model % n_head != 0 or n_head % n_kv_head != 0:
+        if (head_dim is None and d_model % n_head != 0) or n_head % n_kv_head != 0:
             raise ValueError(
-                f"d_model={d_model} must be divisible by n_head={n_head}, and n_head by n_kv_head={n_kv_head}"
+                f"d_model={d_model} must be divisible by n_head={n_head} (or set head_dim), and n_head by "
+                f"n_kv_head={n_kv_head}"
             )
-        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, d_model // n_head
+        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim or d_model // n_head
         self.cross_attention, self.sliding_window = cross_attention, sliding_window
         self.dropout = dropout
         qkv_bias = bias if qkv_bias is None else qkv_bias
-        kv_dim = n_kv_head * self.head_dim
+        q_dim, kv_dim = n_head * self.head_dim, n_kv_head * self.head_dim
         if cross_attention:
-            self.q_proj = nn.Linear(d_model, d_model, bias=qkv_bias)
+            self.q_proj = nn.Linear(d_model, q_dim, bias=qkv_bias)
             self.kv_proj = nn.Linear(context_dim or d_model, 2 * kv_dim, bias=qkv_bias)
         else:
-            self.qkv_proj = nn.Linear(d_model, d_model + 2 * kv_dim, bias=qkv_bias)  # [q | k | v]
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+            self.qkv_proj = nn.Linear(d_model, q_dim + 2 * kv_dim, bias=qkv_bias)  # [q | k | v]
+        self.out_proj = nn.Linear(q_dim, d_model, bias=bias)
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -130,7 +134,7 @@ class MultiHeadAttention(nn.Module):
 
     def _project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         kv_dim = self.n_kv_head * self.head_dim
-        q, k, v = self.qkv_proj(x).split([x.size(-1), kv_dim, kv_dim], dim=-1)
+        q, k, v = self.qkv_proj(x).split([self.n_head * self.head_dim, kv_dim, kv_dim], dim=-1)
         return self._split_heads(q), self._split_heads(k), self._split_heads(v)
 
     def _expand_kv(self, t: torch.Tensor) -> torch.Tensor:
@@ -174,7 +178,7 @@ class MultiHeadAttention(nn.Module):
         ``is_causal`` hides keys after each query (end-aligned when a cache holds earlier tokens), and those
         outside the sliding window.
         """
-        B, T, C = x.shape
+        B, T, _ = x.shape
         if self.cross_attention:
             q = self._split_heads(self.q_proj(x))
             if kv_cache is not None and kv_cache.length > 0:
@@ -212,8 +216,8 @@ class MultiHeadAttention(nn.Module):
             is_causal=is_causal,
             enable_gqa=grouped,
         )  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.out_proj(y)
+        y = y.transpose(1, 2).contiguous().view(B, T, self.n_head * self.head_dim)
+        return self.out_proj(y)  # (B, T, d_model)
 
 
 @contextmanager

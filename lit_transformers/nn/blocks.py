@@ -93,7 +93,7 @@ class TransformerBlock(nn.Module):
     ``norm_first=True`` is pre-norm (GPT-2: x + f(LN(x))); ``False`` is the original post-norm
     Transformer (LN(x + f(x))). Use :func:`EncoderBlock` / :func:`DecoderBlock` for the usual setups.
     ``norm`` names the norm (:data:`NORMS`), ``gated_mlp`` the FFN's form (:class:`FeedForward`);
-    ``n_kv_head``, ``qkv_bias`` and ``sliding_window`` go to the self-attention (:class:`MultiHeadAttention`).
+    ``n_kv_head``, ``qkv_bias``, ``sliding_window`` and ``head_dim`` go to the self-attention (:class:`MultiHeadAttention`).
     """
 
     def __init__(
@@ -115,6 +115,7 @@ class TransformerBlock(nn.Module):
         n_kv_head: int | None = None,
         qkv_bias: bool | None = None,
         sliding_window: int | None = None,
+        head_dim: int | None = None,
     ):
         super().__init__()
         self.norm_first, self.causal = norm_first, causal
@@ -127,6 +128,7 @@ class TransformerBlock(nn.Module):
             n_kv_head=n_kv_head,
             qkv_bias=qkv_bias,
             sliding_window=sliding_window,
+            head_dim=head_dim,
         )
         if cross_attention:
             self.ln_cross = norm_layer(norm, d_model, norm_eps, bias)

@@ -37,6 +37,33 @@ def bradley_terry_loss(
     return loss
 
 
+DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "sigmoid_norm")  # TRL's loss_type names
+
+
+def dpo_sequence_logprobs(
+    token_logps: torch.Tensor, response_mask: torch.Tensor, ld_alpha: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log-probs (2B, T) of B chosen rows then B rejected rows, and their response mask (2B, T) ->
+    summed response log-probs of chosen (B,) and rejected (B,). ``ld_alpha`` (LD-DPO, Liu et al. 2024, as TRL's):
+    the tokens of the longer response past the shorter one's length count ``ld_alpha`` times (1: plain sums,
+    0: only the shared length), so a length difference alone cannot make a large log-ratio."""
+    logps = token_logps * response_mask
+    if ld_alpha is not None:
+        position = response_mask.cumsum(1)  # 1, 2, ... along each response
+        shared = torch.minimum(*response_mask.sum(1).chunk(2)).repeat(
+            2
+        )  # (2B,) the shorter response's length
+        logps = torch.where(position > shared[:, None], ld_alpha * logps, logps)
+    return logps.sum(1).chunk(2)
+
+
+def chosen_nll(token_logps: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """RPO's term (Pang et al. 2024; TRL's ``sft`` loss type): the mean NLL over every chosen response token of
+    per-token log-probs (2B, T), chosen rows first, under their response mask (2B, T)."""
+    chosen_logps, chosen_mask = token_logps.chunk(2)[0], response_mask.chunk(2)[0]
+    return -(chosen_logps * chosen_mask).sum() / chosen_mask.sum().clamp(min=1)
+
+
 def dpo_loss(
     policy_chosen: torch.Tensor,
     policy_rejected: torch.Tensor,
@@ -44,19 +71,53 @@ def dpo_loss(
     reference_rejected: torch.Tensor,
     beta: float = 0.1,
     label_smoothing: float = 0.0,
+    loss_type: str = "sigmoid",
+    chosen_length: torch.Tensor | None = None,
+    rejected_length: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """DPO (Rafailov et al. 2023), sigmoid form with conservative label smoothing, as TRL's ``dpo_loss``.
+    """The DPO family's per-pair losses, as TRL's ``DPOTrainer`` names them (``loss_type``), on the margin
+    ``d = (log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) - log pi_ref(y_l))``:
 
-    Inputs (B,) are response log-probabilities summed over response tokens. Returns per-pair losses (B,)
-    and the implicit rewards ``beta * (log pi - log pi_ref)`` of chosen and rejected (B,), detached.
+    - ``sigmoid``: DPO (Rafailov et al. 2023), ``-log sigma(beta d)``; ``label_smoothing`` eps makes it
+      conservative DPO, ``-(1 - eps) log sigma(beta d) - eps log sigma(-beta d)`` (sigmoid only);
+    - ``hinge``: SLiC (Zhao et al. 2023), ``max(0, 1 - beta d)``;
+    - ``ipo``: IPO (Azar et al. 2023), ``(d' - 1 / (2 beta))^2`` with ``d'`` the margin of per-token log-ratios
+      (each response's log-ratio over its token count, as TRL and IPO's authors);
+    - ``sigmoid_norm``: length-normalised DPO, ``-log sigma(beta d')``.
+
+    Inputs (B,) are response log-probabilities summed over response tokens; ``ipo`` and ``sigmoid_norm`` also
+    need each response's token count (B,). Returns per-pair losses (B,) and the implicit rewards
+    ``beta * (log pi - log pi_ref)`` of chosen and rejected (B,), detached.
     """
-    logits = (policy_chosen - policy_rejected) - (reference_chosen - reference_rejected)  # (B,)
-    losses = (
-        -F.logsigmoid(beta * logits) * (1 - label_smoothing) - F.logsigmoid(-beta * logits) * label_smoothing
-    )
-    chosen_rewards = beta * (policy_chosen - reference_chosen).detach()
-    rejected_rewards = beta * (policy_rejected - reference_rejected).detach()
-    return losses, chosen_rewards, rejected_rewards
+    if loss_type not in DPO_LOSS_TYPES:
+        raise ValueError(f"DPO loss_type={loss_type!r}: choose one of {list(DPO_LOSS_TYPES)}")
+    if label_smoothing and loss_type != "sigmoid":
+        raise ValueError(
+            f"DPO label_smoothing={label_smoothing} is conservative DPO, a form of the sigmoid loss; set"
+            f" label_smoothing=0 with loss_type={loss_type!r}, or loss_type=sigmoid"
+        )
+    chosen_ratio = policy_chosen - reference_chosen  # (B,)
+    rejected_ratio = policy_rejected - reference_rejected
+    if loss_type in ("ipo", "sigmoid_norm"):
+        if chosen_length is None or rejected_length is None:
+            raise ValueError(
+                f"DPO loss_type={loss_type!r} needs the responses' token counts (chosen/rejected_length)"
+            )
+        margin = chosen_ratio / chosen_length.clamp(min=1) - rejected_ratio / rejected_length.clamp(min=1)
+    else:
+        margin = chosen_ratio - rejected_ratio
+    if loss_type == "sigmoid":
+        losses = (
+            -F.logsigmoid(beta * margin) * (1 - label_smoothing)
+            - F.logsigmoid(-beta * margin) * label_smoothing
+        )
+    elif loss_type == "hinge":
+        losses = torch.relu(1 - beta * margin)
+    elif loss_type == "ipo":
+        losses = (margin - 1 / (2 * beta)) ** 2
+    else:
+        losses = -F.logsigmoid(beta * margin)
+    return losses, beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
 
 
 # ---- masks --------------------------------------------------------------------------------------------------

@@ -95,8 +95,8 @@ class Task(L.LightningModule):
     # the field of the first model's config that bounds its input length (GPT's block_size, BERT's max_position):
     # checked against the data's longest sequence before training, not at the first batch that exceeds it
     context_field: str | None = None
-    # the models ``lora`` puts adapters on (tasks.lora.DEFAULT_TARGETS); none: the task takes no ``lora``
-    lora_models: tuple[str, ...] = ()
+    # the models ``lora`` puts adapters on (by module name, tasks.lora.DEFAULT_TARGETS of their family)
+    lora_models: tuple[str, ...] = ("model",)
 
     def __init__(
         self,
@@ -199,7 +199,8 @@ class Task(L.LightningModule):
             log.warning(
                 "%s starts from random weights: no init_from (%s)", type(self).__name__, self.init_from_hint
             )
-        base_hf = self.hparams.get("init_from_hf")  # build_models clears it, as init_from below, without LoRA
+        # build_models clears the directories it loads, as init_from below; a LoRA run keeps naming its base
+        sources = {key: self.hparams.get(key) for key in lora_adapters.BASE_SOURCES[1:]}
         models = self.build_models()
         for name, module in models.items():
             setattr(self, name, module)
@@ -215,8 +216,7 @@ class Task(L.LightningModule):
         for name in self.frozen:
             getattr(self, name).requires_grad_(False).eval()
         if self.hparams.lora is not None:
-            if base_hf:
-                self.hparams.init_from_hf = base_hf
+            self.hparams.update({key: path for key, path in sources.items() if path})
             lora_adapters.configure_lora(self)
         if self.hparams.compile:
             for name in self.trainable_models():

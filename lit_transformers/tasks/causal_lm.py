@@ -46,7 +46,6 @@ class CausalLMTask(Task):
 
     data_needs = (TokenizedText,)
     context_field = "block_size"
-    lora_models = ("model",)  # task.lora adapts the body
 
     def __init__(self, model: dict | GPTConfig, init_from_hf: str | None = None, **task_args):
         model = decoder_spec(model, init_from_hf)
@@ -103,14 +102,15 @@ class CausalLMTask(Task):
             self.log(f"{stage}/ppl", loss.exp(), prog_bar=stage == "val")
 
     def encode_prompts(self, prompts: list[str], chat: bool = False) -> list[list[int]]:
-        """BOS + each prompt's ids; with ``chat``, each prompt as a user message rendered with the tokenizer's
+        """Each prompt's ids, after BOS when the tokenizer has one (Qwen2's has none); with ``chat``, each prompt as a user message rendered with the tokenizer's
         chat template and its generation prompt, as ``apply_chat_template(..., add_generation_prompt=True)``
         (the template writes the BOS)."""
         tok = self.require_tokenizer()
         if chat:
             user_turn = lambda p: [{"role": "user", "content": p}]  # noqa: E731
             return [tok.encode(render_chat(tok, user_turn(p), add_generation_prompt=True)) for p in prompts]
-        return [[tok.bos_id, *tok.encode(p)] for p in prompts]
+        bos = [tok.bos_id] if "bos" in tok.ids else []
+        return [bos + tok.encode(p) for p in prompts]
 
     @torch.no_grad()
     def sample(

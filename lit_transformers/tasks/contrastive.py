@@ -14,10 +14,11 @@ from lit_transformers.models.clip import CLIP, CLIPConfig
 from lit_transformers.models.open_clip_convert import config_from_open_clip, read_open_clip_dir
 from lit_transformers.nn import ClipLoss
 from lit_transformers.tasks.base import Task
-from lit_transformers.tasks.evaluation import matrix_image, recall_at_k, zero_shot_classifier
+from lit_transformers.tasks.evaluation import recall_at_k, zero_shot_classifier
 from lit_transformers.tasks.specs import config_spec
 from lit_transformers.text import Tokenizer, eos_terminated
 from lit_transformers.utils.dashboards import log_image
+from lit_transformers.utils.figures import class_label, image_grid_figure, similarity_figure
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,8 @@ class ContrastiveTask(Task):
     the model (with its tokenizer: ``data.tokenizer_path=<a CLIP tokenizer directory>``);
     ``max_logit_scale``: logit_scale is clamped to [0, this] after every step (temperature between 1/100
     and 1, as open_clip); ``local_loss``/``gather_with_grad``: see ``nn.ClipLoss``; ``recall_ks``: retrieval
-    recall@k reported in both directions; the rest as in :class:`Task`."""
+    recall@k reported in both directions; ``num_retrievals`` captions of the first evaluation batch shown
+    with the ``num_retrieved`` images that match them best; the rest as in :class:`Task`."""
 
     data_needs = (RetrievalTargets,)
 
@@ -42,6 +44,8 @@ class ContrastiveTask(Task):
         local_loss: bool = True,
         gather_with_grad: bool = True,
         recall_ks: tuple[int, ...] = (1, 5, 10),
+        num_retrievals: int = 4,
+        num_retrieved: int = 5,
         **task_args,
     ):
         if init_from_hf and init_from_open_clip:
@@ -53,7 +57,7 @@ class ContrastiveTask(Task):
         self.loss = ClipLoss(local_loss, gather_with_grad)
         self._eval: dict[str, list[torch.Tensor]] = {}
         self._seen: dict[str, set[int]] = {}  # per stage: the image indices evaluated so far (_first_seen)
-        self._similarity: torch.Tensor | None = None
+        self._first_batch: dict | None = None  # this evaluation's first batch and its features, for pictures
 
     def build_model(self) -> CLIP:
         h = self.hparams
@@ -122,8 +126,8 @@ class ContrastiveTask(Task):
         store = self._eval.setdefault(stage, [])
         index_label = torch.stack([batch["image_index"], batch["label"]], dim=1).float()  # (B, 2)
         store.append(torch.cat([image_features.float(), index_label], dim=1))  # gathered as one tensor
-        if batch_idx == 0:
-            self._similarity = image_features @ text_features.T  # (B, B): a bright diagonal is a good sign
+        if batch_idx == 0 and not self.trainer.sanity_checking:
+            self._first_batch = {**batch, "image_features": image_features, "text_features": text_features}
 
     def validation_step(self, batch, batch_idx):
         self._eval_step(batch, batch_idx, "val")
@@ -173,9 +177,35 @@ class ContrastiveTask(Task):
                     logits, labels, n, top_k=k, average="micro"
                 ).item()
         self.log_dict(metrics, sync_dist=True)  # already equal on every rank (gathered features)
-        if self._similarity is not None:
-            log_image(self.trainer, f"{stage}/similarity", matrix_image(self._similarity))
-            self._similarity = None
+        if self._first_batch is not None:
+            self._log_first_batch(stage, self._first_batch, datamodule.class_names)
+            self._first_batch = None
+
+    def _log_first_batch(self, stage: str, batch: dict, class_names: list[str]) -> None:
+        """Pictures of the evaluation's first batch, whose caption j describes image j: the (images,
+        captions) similarity sorted by class (a bright diagonal is a good sign), and for its first
+        ``num_retrievals`` captions the ``num_retrieved`` images of the batch that match them best."""
+        tok = self.require_tokenizer()
+        captions = [tok.decode(ids) for ids in batch["input_ids"].tolist()]
+        labels = batch["label"].tolist()
+        similarity = batch["image_features"] @ batch["text_features"].T  # (B, B) cosine: normalised features
+        title = f"{stage}: similarity of the first batch's images and captions"
+        figure = similarity_figure(similarity, labels, class_names, captions, title)
+        log_image(self.trainer, f"{stage}/similarity", figure)
+        queries = min(self.hparams.num_retrievals, len(captions))
+        k = min(self.hparams.num_retrieved, len(captions))
+        if not queries or not k:
+            return
+        scores, top = similarity[:, :queries].T.topk(k, dim=1)  # (queries, k): images per caption
+        marks = [
+            f"{'✓' if i == q else '✗'} {class_label(labels[i], class_names)} ({score:.2f})"
+            for q, (row, row_scores) in enumerate(zip(top.tolist(), scores.tolist()))
+            for i, score in zip(row, row_scores)
+        ]
+        title = f"{stage}: top-{k} of the first batch's {len(captions)} images per caption (✓: its own image)"
+        images = batch["image"][top.flatten()]
+        figure = image_grid_figure(images, marks, title, columns=k, row_titles=captions[:queries])
+        log_image(self.trainer, f"{stage}/retrieval", figure)
 
 
 def clip_text_features(

@@ -11,26 +11,33 @@ import torch
 from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPT, GPTConfig
 from lit_transformers.nn import token_logprobs
-from lit_transformers.nn.rlhf import dpo_loss
+from lit_transformers.nn.rlhf import DPO_LOSS_TYPES, chosen_nll, dpo_loss, dpo_sequence_logprobs
 from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
 from lit_transformers.tasks.instruct import PolicyEvaluation
+from lit_transformers.tasks.lora import FrozenBase
 
 
 class DPOTask(PolicyEvaluation, Task):
-    """Args: ``model`` (GPT config spec), ``beta`` (0.1), ``label_smoothing`` (conservative DPO), ``rpo_alpha``
-    (TRL's: adds ``alpha`` times the chosen responses' per-token NLL, Pang et al. 2024, which keeps DPO from
-    lowering the chosen responses' likelihood with the rejected ones'),
-    ``max_new_tokens`` and ``temperature`` of the judged greedy responses and their KL; the rest as in
-    :class:`Task`. ``init_from``: the SFT checkpoint, which initialises both policy and reference;
+    """Args: ``model`` (GPT config spec), ``beta`` (0.1), ``loss_type`` (TRL's: ``sigmoid`` DPO, ``hinge``,
+    ``ipo``, ``sigmoid_norm`` on per-token log-ratios; :func:`lit_transformers.nn.rlhf.dpo_loss`), ``ld_alpha``
+    (TRL's LD-DPO weight of the longer response's tokens past the shorter one's length; null: plain sums),
+    ``label_smoothing`` (conservative DPO), ``rpo_alpha`` (adds ``alpha`` times the chosen responses' per-token
+    NLL, Pang et al. 2024, TRL's ``loss_type=[sigmoid, sft]`` with ``loss_weights=[1, alpha]``, which keeps DPO
+    from lowering the chosen responses' likelihood with the rejected ones'),
+    ``max_new_tokens`` and ``temperature`` of the judged greedy responses and their KL, judged once per prompt
+    (the first of its pairs in the split: the label stage gives a hard prompt many pairs, an easy one few); the
+    rest as in :class:`Task`. ``init_from``: the SFT checkpoint, which initialises both policy and reference;
     ``init_from_hf``: or a Hugging Face causal LM directory, which does the same.
 
     The frozen reference's summed log-probs are computed once per pair (keyed by the batch's ``index`` in its
     split) and reused in later epochs and validations, as TRL's ``precompute_ref_log_probs``, but lazily: the
-    first time a pair comes up, not in a pass before training.
+    first time a pair comes up, not in a pass before training. With ``task.lora`` the reference is the policy's
+    frozen base with its adapters off (``lora.FrozenBase``), not a second copy.
     """
 
     frozen = ("reference",)
+    lora_models = ("policy",)
     data_needs = (TokenizedText,)
     context_field = "block_size"
     init_from_hint = "pass the SFT checkpoint"
@@ -39,6 +46,8 @@ class DPOTask(PolicyEvaluation, Task):
         self,
         model: dict | GPTConfig,
         beta: float = 0.1,
+        loss_type: str = "sigmoid",
+        ld_alpha: float | None = None,
         label_smoothing: float = 0.0,
         rpo_alpha: float | None = None,
         max_new_tokens: int = 16,
@@ -46,8 +55,14 @@ class DPOTask(PolicyEvaluation, Task):
         init_from_hf: str | None = None,
         **task_args,
     ):
+        if loss_type not in DPO_LOSS_TYPES:
+            raise ValueError(f"task.loss_type={loss_type!r}: choose one of {list(DPO_LOSS_TYPES)}")
+        if ld_alpha is not None and not 0 <= ld_alpha <= 1:
+            raise ValueError(f"task.ld_alpha={ld_alpha} must lie in [0, 1] (1: plain DPO), or be null")
         model = decoder_spec(model, init_from_hf)
         super().__init__(**task_args)
+        if self.hparams.lora is not None:
+            self.frozen = ()  # no reference model: the policy's base, adapters off
         self.reference_cache: dict[tuple[str, int], torch.Tensor] = {}  # (split, index) -> (chosen, rejected)
 
     def build_models(self) -> dict:
@@ -56,17 +71,24 @@ class DPOTask(PolicyEvaluation, Task):
             policy = load_hf_decoder(self, path, "policy and reference")
         else:
             policy = GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
+        if self.hparams.lora is not None:
+            self.reference = FrozenBase(policy)
+            return {"policy": policy}
         return {"policy": policy, "reference": copy.deepcopy(policy)}  # equal also without init_from
 
     def _load_init_from(self, init_from: str | Mapping) -> None:
         if isinstance(init_from, str):
-            init_from = {"policy": init_from, "reference": init_from}
+            init_from = {name: init_from for name in ("policy", "reference") if name in self.model_names}
         super()._load_init_from(init_from)
 
-    def _sequence_logprobs(self, model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed response log-probs of chosen (B,) and rejected (B,)."""
-        logp = token_logprobs(model, batch["pair_ids"], batch["pair_mask"])  # (2B, T-1), token t+1 given <= t
-        return (logp * batch["response_mask"][:, 1:]).sum(1).chunk(2)
+    def _sequence_logprobs(
+        self, model, batch, token_logps: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed response log-probs of chosen (B,) and rejected (B,), weighted by ``ld_alpha`` past the shorter
+        response; ``token_logps`` (2B, T-1): the model's, when already computed."""
+        if token_logps is None:
+            token_logps = token_logprobs(model, batch["pair_ids"], batch["pair_mask"])  # token t+1 given <= t
+        return dpo_sequence_logprobs(token_logps, batch["response_mask"][:, 1:], self.hparams.ld_alpha)
 
     @torch.no_grad()
     def _reference_logprobs(self, batch, stage: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,16 +101,26 @@ class DPOTask(PolicyEvaluation, Task):
 
     def _step(self, batch, stage: str) -> torch.Tensor:
         h = self.hparams
-        policy_chosen, policy_rejected = self._sequence_logprobs(self.policy, batch)
+        token_logps = token_logprobs(self.policy, batch["pair_ids"], batch["pair_mask"])  # (2B, T-1)
+        policy_chosen, policy_rejected = self._sequence_logprobs(self.policy, batch, token_logps)
         ref_chosen, ref_rejected = self._reference_logprobs(batch, stage)
+        mask = batch["response_mask"][:, 1:]  # (2B, T-1) the tokens of each response
+        chosen_mask, rejected_mask = mask.chunk(2)
         losses, chosen, rejected = dpo_loss(
-            policy_chosen, policy_rejected, ref_chosen, ref_rejected, h.beta, h.label_smoothing
+            policy_chosen,
+            policy_rejected,
+            ref_chosen,
+            ref_rejected,
+            h.beta,
+            h.label_smoothing,
+            h.loss_type,
+            chosen_mask.sum(1),
+            rejected_mask.sum(1),
         )
-        chosen_tokens = batch["response_mask"][: len(policy_chosen), 1:].sum()
-        chosen_nll = -policy_chosen.sum() / chosen_tokens  # per token
+        nll = chosen_nll(token_logps, mask)  # per chosen token
         loss = losses.mean()
         if h.rpo_alpha:  # RPO: + alpha * NLL of the chosen responses
-            loss = loss + h.rpo_alpha * chosen_nll
+            loss = loss + h.rpo_alpha * nll
         per_pair = {
             "rewards/chosen": chosen,
             "rewards/rejected": rejected,
@@ -102,7 +134,7 @@ class DPOTask(PolicyEvaluation, Task):
             return loss
         # the loss over the split is made at epoch end, from each pair's DPO loss and every chosen token's NLL
         self.eval_mean(f"{stage}/dpo_loss").update(losses)
-        self.eval_mean(f"{stage}/chosen_nll").update(chosen_nll, chosen_tokens)
+        self.eval_mean(f"{stage}/chosen_nll").update(nll, chosen_mask.sum())
         for key, value in per_pair.items():
             self.log_mean(f"{stage}/{key}", value)
         return loss
@@ -128,10 +160,21 @@ class DPOTask(PolicyEvaluation, Task):
     def training_step(self, batch, batch_idx):
         return self._step(batch, "train")
 
+    def _evaluate_prompts(self, batch, stage: str, batch_idx: int) -> None:
+        """The judged evaluation of the batch's prompts that are the first pair of their prompt (``judged``)."""
+        rows = batch.get("judged")
+        if rows is None:
+            self.evaluate_policy(batch, stage, batch_idx)
+        elif rows.any():
+            prompts = {key: batch[key][rows] for key in ("prompt_ids", "prompt_mask")}
+            answers = batch["answers"]
+            prompts["answers"] = None if answers is None else [a for a, keep in zip(answers, rows) if keep]
+            self.evaluate_policy(prompts, stage, batch_idx)
+
     def validation_step(self, batch, batch_idx):
         self._step(batch, "val")
-        self.evaluate_policy(batch, "val", batch_idx)
+        self._evaluate_prompts(batch, "val", batch_idx)
 
     def test_step(self, batch, batch_idx):
         self._step(batch, "test")
-        self.evaluate_policy(batch, "test", batch_idx)
+        self._evaluate_prompts(batch, "test", batch_idx)

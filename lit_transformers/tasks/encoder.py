@@ -24,7 +24,6 @@ class EncoderTask(Task):
     pretraining_heads = False  # MaskedLMTask builds the MLM and NSP heads; fine-tuning tasks the body alone
     data_needs = (TokenizedText,)
     context_field = "max_position"
-    lora_models = ("model",)  # task.lora adapts the body
     # a fine-tuning task initialised from a pretraining checkpoint leaves its heads behind
     dropped_heads = ("model.mlm_head", "model.nsp_head")
 

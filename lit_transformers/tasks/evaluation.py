@@ -1,11 +1,10 @@
-"""Evaluation shared by the tasks: zero-shot classifier, retrieval recall@k, matrices as images (labelled:
-confusion matrices with class names, attention maps with tokens), sacreBLEU corpus scores."""
+"""Evaluation shared by the tasks: zero-shot classifier, retrieval recall@k, BIO entity counts, sacreBLEU
+corpus scores. (Their pictures are drawn in :mod:`lit_transformers.utils.figures`.)"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
@@ -31,57 +30,6 @@ def recall_at_k(
     top = similarity.topk(min(max(ks), similarity.size(1)), dim=1).indices  # (Q, k_max)
     hits = relevant.to(top.device).gather(1, top)  # (Q, k_max) bool
     return {k: hits[:, :k].any(dim=1).float().mean().item() for k in ks}
-
-
-def matrix_image(matrix: torch.Tensor, cell: int | None = None) -> torch.Tensor:
-    """(R, C) values -> (3, H, W) uint8 heatmap, min-max scaled, dark blue (low) to yellow (high)."""
-    m = matrix.detach().float().cpu()
-    m = (m - m.min()) / (m.max() - m.min()).clamp(min=1e-12)
-    low, high = torch.tensor([0.10, 0.05, 0.35]), torch.tensor([1.0, 0.9, 0.1])
-    rgb = low[:, None, None] + (high - low)[:, None, None] * m[None]  # (3, R, C)
-    cell = cell or max(1, 256 // max(m.shape))
-    rgb = rgb.repeat_interleave(cell, dim=1).repeat_interleave(cell, dim=2)
-    return (rgb * 255).round().to(torch.uint8)
-
-
-def labeled_matrix_image(
-    matrix: torch.Tensor,
-    row_labels: Sequence[str],
-    col_labels: Sequence[str],
-    x_title: str = "predicted",
-    y_title: str = "true",
-    cell: int = 16,
-) -> torch.Tensor:
-    """:func:`matrix_image` with its rows and columns named (class names of a confusion matrix, the tokens
-    of an attention map): (3, H, W) uint8, row labels on the left, column labels written upwards on top."""
-    from PIL import Image, ImageDraw, ImageFont
-
-    font = ImageFont.load_default()
-    heat = Image.fromarray(matrix_image(matrix, cell).permute(1, 2, 0).numpy())
-
-    def text_size(text: str) -> tuple[int, int]:
-        left, top, right, bottom = font.getbbox(text)
-        return right - left, bottom - top
-
-    rows, cols = [str(t)[:24] for t in row_labels], [str(t)[:24] for t in col_labels]
-    title = f"rows: {y_title}, columns: {x_title}"
-    left = max(text_size(t)[0] for t in rows) + 8
-    top = max(text_size(t)[0] for t in cols) + 8 + 14
-    width = max(left + heat.width + 4, text_size(title)[0] + 4)
-    canvas = Image.new("RGB", (width, top + heat.height + 4), "white")
-    canvas.paste(heat, (left, top))
-    draw = ImageDraw.Draw(canvas)
-    draw.text((2, 2), title, fill="black", font=font)
-    for i, label in enumerate(rows):
-        w, h = text_size(label)
-        draw.text((left - w - 4, top + i * cell + (cell - h) // 2 - 1), label, fill="black", font=font)
-    for j, label in enumerate(cols):
-        w, h = text_size(label)
-        strip = Image.new("RGB", (w + 2, h + 4), "white")
-        ImageDraw.Draw(strip).text((0, 0), label, fill="black", font=font)
-        strip = strip.rotate(90, expand=True)  # reads upwards
-        canvas.paste(strip, (left + j * cell + (cell - strip.width) // 2, top - strip.height - 2))
-    return torch.from_numpy(np.asarray(canvas).copy()).permute(2, 0, 1).contiguous()
 
 
 def bio_spans(tags: Sequence[str]) -> set[tuple[str, int, int]]:

@@ -150,7 +150,9 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
             targets["reward.body"] = targets.pop("reward")  # a GPT checkpoint: the body, with a fresh head
         super()._load_init_from(targets)
 
-    def updates_per_batch(self) -> int:
+    @property
+    def optimizer_steps_per_batch(self) -> int:
+        """Optimizer steps of one GRPO iteration (a training batch); the progress bar counts iterations."""
         return self.hparams.num_iterations
 
     def reference_logprobs(self, sequences, attention_mask, n_response):

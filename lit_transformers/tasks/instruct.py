@@ -81,12 +81,16 @@ def log_judged(task, batch, stage: str, batch_idx: int, texts: list[str], values
     """The evaluation of a stage's generated ``texts`` for ``batch``: the judge's verdicts against the batch's
     answers (``judge_exact``, ``judge_score``) join ``values``; each (one per response) is logged as
     ``<stage>/<key>``, its mean over every prompt of the split (``Task.log_mean``); the first batch of each
-    evaluation shows up to 8 prompts with their responses, answers and scores as a table."""
+    evaluation shows up to 8 prompts with their responses, answers and every value (the judge's, and those the
+    stage has: reward-model score, KL, response length) as a table."""
     answers = batch.get("answers")
     if answers is not None:
         verdicts = [judge(text, answer) for text, answer in zip(texts, answers)]
-        values["judge_exact"] = torch.tensor([v[0] for v in verdicts], device=task.device)
-        values["judge_score"] = torch.tensor([v[1] for v in verdicts], device=task.device)
+        values = {
+            "judge_exact": torch.tensor([v[0] for v in verdicts], device=task.device),
+            "judge_score": torch.tensor([v[1] for v in verdicts], device=task.device),
+            **values,
+        }
     for key, value in values.items():
         task.log_mean(f"{stage}/{key}", value, prog_bar=key in prog_bar)
     if batch_idx or task.trainer.sanity_checking:
@@ -98,9 +102,7 @@ def log_judged(task, batch, stage: str, batch_idx: int, texts: list[str], values
     }
     if answers is not None:
         columns["answer"] = answers
-    for key in ("rm_score", "judge_score"):
-        if key in values:
-            columns[key] = [round(float(v), 3) for v in values[key]]
+    columns |= {key: value.tolist() for key, value in values.items()}  # log_table rounds
     log_table(task.trainer, f"{stage}/samples", list(columns), list(zip(*columns.values()))[:8])
 
 
@@ -122,14 +124,13 @@ class PolicyEvaluation:
         h = self.hparams
         out = rollout(self.policy, tok, batch["prompt_ids"], batch["prompt_mask"], h.max_new_tokens, 0.0)
         R, mask = out.responses.size(1), out.response_mask
-        values = {"response_length": mask.sum(1).float()}
         ref = self.reference_logprobs(out.sequences, out.attention_mask, R)
+        reward = getattr(self, "reward", None)
+        values = {"rm_score": reward.score(out.sequences, out.attention_mask)} if reward is not None else {}
         if ref is not None:
             logp = response_logprobs(self.policy, out.sequences, out.attention_mask, R, h.temperature)
             values["kl"] = ((logp - ref) * mask).sum(1)
-        reward = getattr(self, "reward", None)
-        if reward is not None:
-            values["rm_score"] = reward.score(out.sequences, out.attention_mask)
+        values["response_length"] = mask.sum(1).float()
         texts = decode_responses(tok, out.responses, mask)
         log_judged(self, batch, stage, batch_idx, texts, values, prog_bar=("judge_score", "rm_score"))
 
@@ -140,14 +141,15 @@ class ManualSteps:
     schedule count optimizer steps, gradients are clipped to ``hparams.max_grad_norm`` where automatic
     optimization clips, and statistics are summed over DDP ranks."""
 
-    def updates_per_batch(self) -> int:
-        """Optimizer steps per training batch."""
+    @property
+    def optimizer_steps_per_batch(self) -> int:
+        """Optimizer steps of one iteration (a training batch); the progress bar counts iterations."""
         raise NotImplementedError
 
     def total_steps(self) -> int:
         if self.trainer.max_steps > 0:
             return self.trainer.max_steps  # manual optimisation: global_step counts optimizer steps already
-        return int(self.trainer.estimated_stepping_batches) * self.updates_per_batch()
+        return int(self.trainer.estimated_stepping_batches) * self.optimizer_steps_per_batch
 
     def _all_reduce(self, stats: torch.Tensor) -> torch.Tensor:
         return self.trainer.strategy.reduce(stats, reduce_op="sum") if self.trainer.world_size > 1 else stats

@@ -26,9 +26,20 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-# the attention (fused q/k/v, output) and MLP (in, out) projections of nn.blocks, which GPT and BERT share
+# the attention (fused q/k/v, output) and MLP (in, out) projections of nn.blocks, which GPT, BERT, the
+# translation model and CLIP's text tower share; the translation decoder's cross-attention (q, fused k/v, output)
 PROJECTIONS = ("attn.qkv_proj", "attn.out_proj", "mlp.fc", "mlp.proj")
-DEFAULT_TARGETS = {"GPT": PROJECTIONS, "BERT": PROJECTIONS}  # by model class
+CROSS_PROJECTIONS = ("cross_attn.q_proj", "cross_attn.kv_proj", "cross_attn.out_proj")
+# timm's ViT blocks (ViT classifiers, CLIP's image tower): fused q/k/v, attention output, MLP in and out
+VIT_PROJECTIONS = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")
+DEFAULT_TARGETS = {  # by model class
+    "GPT": PROJECTIONS,
+    "ScalarGPT": PROJECTIONS,
+    "BERT": PROJECTIONS,
+    "Seq2SeqTransformer": PROJECTIONS + CROSS_PROJECTIONS,
+    "VisionTransformer": VIT_PROJECTIONS,
+    "CLIP": PROJECTIONS + VIT_PROJECTIONS,  # both towers
+}
 
 
 @dataclass
@@ -91,9 +102,11 @@ def add_adapters(model: nn.Module, spec: LoRASpec, where: str) -> None:
 def configure_lora(task) -> None:
     """Apply ``task.hparams.lora`` to the built ``task`` (after ``init_from``): adapters on its ``lora_models``,
     every other weight frozen but ``modules_to_save``, the base's identity in ``task.lora_base``."""
-    if not task.lora_models:
+    missing = [name for name in task.lora_models if name not in task.model_names]
+    if missing or not task.lora_models:
         raise ValueError(
-            f"{type(task).__name__} does not take task.lora yet (the causal-LM and BERT tasks do); set task.lora=null"
+            f"{type(task).__name__} has no model to put task.lora's adapters on (it trains none of its own); set "
+            "task.lora=null"
         )
     spec = lora_spec(task.hparams.lora)
     source = base_source(task.hparams)
@@ -108,8 +121,9 @@ def configure_lora(task) -> None:
     for name in set(task.trainable_models()) - set(task.lora_models):
         getattr(task, name).requires_grad_(False)
     saved = spec.modules_to_save
-    if saved is None:  # heads new on top of the base, and models of their own beside it (a classifier)
-        saved = [*task.new_heads, *(n for n in task.trainable_models() if n not in task.lora_models)]
+    if saved is None:  # heads on top of the base, and models of their own beside it (a classifier)
+        beside = (n for n in task.trainable_models() if n not in task.lora_models)
+        saved = list(dict.fromkeys([*task.new_heads, *beside, *family_heads(task)]))
     for path in saved:
         try:
             task.get_submodule(path).requires_grad_(True)
@@ -121,13 +135,36 @@ def configure_lora(task) -> None:
     task.lora_base = {"source": source, "sha256": base_hash(task)}
 
 
+def family_heads(task) -> list[str]:
+    """The heads of the task's ``lora_models`` that map the base's features to the task's outputs, trained in
+    full: a scalar model's ``head`` (reward, value), a timm classifier's (``head`` of a ViT, ``fc`` of a ResNet)."""
+    heads = []
+    for name in task.lora_models:
+        model = getattr(task, name)
+        if type(model).__name__ == "ScalarGPT":
+            heads.append(f"{name}.head")
+        elif hasattr(model, "get_classifier"):  # timm's API, whatever the classifier's name
+            classifier = model.get_classifier()
+            heads += [f"{name}.{n}" for n, m in model.named_modules() if m is classifier and n]
+    return heads
+
+
+# the hyperparameters that name a pretrained base (a checkpoint, a Hugging Face or open_clip directory)
+BASE_SOURCES = ("init_from", "init_from_hf", "init_from_open_clip")
+
+
 def base_source(hparams: Mapping) -> str:
     """Where the frozen base comes from, as a command line sets it; a LoRA run needs one to rebuild it from."""
-    sources = [f"{key}={hparams[key]}" for key in ("init_from", "init_from_hf") if hparams.get(key)]
+    sources = [f"{key}={hparams[key]}" for key in BASE_SOURCES if hparams.get(key)]
+    backbone = (hparams.get("model") or {}).get("backbone") or {}  # a timm classifier's pretrained weights
+    if backbone.get("pretrained"):
+        where = backbone.get("pretrained_file") or "timm's pretrained weights"
+        sources.append(f"model.backbone.name={backbone.get('name')} ({where})")
     if not sources:
         raise ValueError(
             "task.lora trains adapters on a frozen pretrained base, and this run has none (its LoRA checkpoints "
-            "could not rebuild a random one): set init_from=<checkpoint> or task.init_from_hf=<directory>"
+            "could not rebuild a random one): set init_from=<checkpoint>, task.init_from_hf=<directory> (or "
+            "task.init_from_open_clip), or model.backbone.pretrained=true for a timm backbone"
         )
     return ", ".join(sources)
 
@@ -139,7 +176,7 @@ def base_hash(task) -> str:
         frozen = {n: p for n, p in getattr(task, model).named_parameters() if not p.requires_grad}
         for name in sorted(frozen, key=lambda n: n.replace(".base_layer", "")):
             digest.update(name.replace(".base_layer", "").encode())
-            digest.update(frozen[name].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            digest.update(frozen[name].detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -206,6 +243,24 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for layer in layers:
             layer.enable_adapters(True)
+
+
+class FrozenBase:
+    """``model`` called as its frozen base: each call runs with the adapters bypassed and dropout off, then
+    restores both. A reference model without a second copy; a plain object, not a submodule, so nothing of it
+    is counted twice in the task's parameters or written to its checkpoints."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def __call__(self, *args, **kwargs):
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with adapters_disabled(self.model):
+                return self.model(*args, **kwargs)
+        finally:
+            self.model.train(was_training)
 
 
 def without_adapters(model: nn.Module, merge: bool) -> nn.Module:

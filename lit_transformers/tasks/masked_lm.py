@@ -9,9 +9,9 @@ from lit_transformers.models import BERT
 from lit_transformers.nn import IGNORE_INDEX, token_cross_entropy, token_mean
 from lit_transformers.tasks.base import eval_mode
 from lit_transformers.tasks.encoder import EncoderTask
-from lit_transformers.tasks.evaluation import labeled_matrix_image
 from lit_transformers.text import mask_tokens, pack_pair, right_pad
 from lit_transformers.utils.dashboards import log_image, log_table
+from lit_transformers.utils.figures import attention_figure
 
 
 class MaskedLMTask(EncoderTask):
@@ -159,16 +159,19 @@ class MaskedLMTask(EncoderTask):
             )
         return rows
 
-    def log_predictions(self, sentences: list[str]) -> None:
-        """The top-5 table and the attention picture of ``sentences``. Every rank runs the forwards (under
-        FSDP each needs them all); the dashboards take rank 0's."""
-        rows = self.predict_masked(sentences)
+    def log_predictions(self, sentences: list[str], k: int = 5) -> None:
+        """The top-k table (one row per masked position, each prediction and its probability in columns of
+        their own, so a punctuation token is not read as a separator) and the attention picture of
+        ``sentences``. Every rank runs the forwards (under FSDP each needs them all); the dashboards take rank
+        0's."""
+        rows = self.predict_masked(sentences, k)
+        ranked = [f"{name}{rank}" for rank in range(1, k + 1) for name in ("top", "p")]  # top1, p1, top2...
         log_table(
             self.trainer,
-            "val/mlm_top5",
-            ["sentence", "position", "true", "top-5"],
+            f"val/mlm_top{k}",
+            ["sentence", "position", "true", *ranked],
             [
-                [r["sentence"], r["position"], r["true"], " ".join(f"{t}:{p:.3f}" for t, p in r["top"])]
+                [r["sentence"], r["position"], r["true"], *(x for pair in r["top"] for x in pair)]
                 for r in rows
             ],
         )
@@ -178,5 +181,5 @@ class MaskedLMTask(EncoderTask):
         with eval_mode(self.model):
             attention = self.model.attention_map(torch.tensor([ids], device=self.device))[0]  # (T, T)
         names = [tok.id_to_token(i) for i in ids]
-        image = labeled_matrix_image(attention, names, names, x_title="key", y_title="query")
-        log_image(self.trainer, "val/attention_last_layer", image)
+        figure = attention_figure(attention, names, names, title="last-layer attention (mean over heads)")
+        log_image(self.trainer, "val/attention_last_layer", figure)

@@ -5,6 +5,14 @@ iteration inside ``training_step`` (manual optimisation): rollout -> score -> pe
 Four models: ``policy`` (from the SFT checkpoint) and ``value`` (from the reward model, its own copy of the
 head) train; ``reference`` (the SFT weights) and ``reward`` are frozen. ``trainer.max_steps`` counts
 optimizer steps: PPO iterations x num_ppo_epochs x num_mini_batches.
+
+With ``task.lora``, three: the policy is its frozen base + adapters, and the reference is that base with the
+adapters off (``lora.FrozenBase``), no second copy; the value model is its own frozen copy of the reward model's
+body + adapters + its head trained in full; the reward model stays frozen. The value keeps a body of its own
+rather than sharing the reward model's with a second adapter (TRL's older peft path): its base may be another
+checkpoint than the reward model's (``init_from.value``, ``init_from_hf``), as in full fine-tuning, and the reward
+model stays a plain frozen module, scored without switching adapters (TRL's current PPOTrainer likewise drops only
+the reference under peft, and keeps a separate value model).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from collections.abc import Mapping
 
 import torch
 
+from lit_transformers.callbacks.throughput import StageClock
 from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPT, GPTConfig, ScalarGPT
 from lit_transformers.nn.generation import logprobs_of, padded_forward
@@ -34,6 +43,7 @@ from lit_transformers.nn.rlhf import (
 from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
 from lit_transformers.tasks.instruct import ManualSteps, PolicyEvaluation, response_logprobs, rollout
+from lit_transformers.tasks.lora import FrozenBase
 from lit_transformers.tasks.reward import gpt_or_scalar
 
 log = logging.getLogger(__name__)
@@ -79,6 +89,7 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
     """
 
     frozen = ("reference", "reward")
+    lora_models = ("policy", "value")
     data_needs = (TokenizedText,)
     context_field = "block_size"
     init_from_hint = "pass init_from={policy: <sft.ckpt>, reward: <reward.ckpt>}"
@@ -116,10 +127,25 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
         if temperature <= 0:
             raise ValueError(f"task.temperature={temperature}: PPO samples, so it needs a temperature > 0")
         super().__init__(**task_args)
+        if self.hparams.lora is not None:  # the reference is the policy's base with the adapters off
+            sources = {key: self.hparams[key] for key in ("init_from", "init_from_hf")}
+            named = [
+                f"task.{k}.reference"
+                for k, v in sources.items()
+                if isinstance(v, Mapping) and v.get("reference")
+            ]
+            if named:
+                raise ValueError(
+                    f"{' and '.join(named)} name(s) a reference model, but under task.lora the reference is the "
+                    "policy's frozen base with its adapters off (no model of its own): drop reference from it"
+                )
+            from_hf.pop("reference", None)
+            self.frozen = ("reward",)
         self.hf_dirs = from_hf  # {model: directory}, loaded when the models are built
         self.automatic_optimization = False
         self.kl_ctl = AdaptiveKLController(kl_coef, **adaptive_kl) if adaptive_kl else None
         self.kl_coef = kl_coef
+        self.stage_clock = StageClock()  # train/time/{generation,scoring,update}_s of each iteration
 
     # ---- models ------------------------------------------------------------------------------------
 
@@ -127,12 +153,11 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
         config = self.text_model_config(vocab_size=lambda tok: tok.vocab_size)
         policy, reward = GPT(config), ScalarGPT(config)
         # copies: without init_from the reference still equals the policy, and the value the reward model
-        models = {
-            "policy": policy,
-            "reference": copy.deepcopy(policy),
-            "reward": reward,
-            "value": copy.deepcopy(reward),
-        }
+        models = {"policy": policy, "reward": reward, "value": copy.deepcopy(reward)}
+        if self.hparams.lora is None:
+            models["reference"] = copy.deepcopy(policy)
+        else:
+            self.reference = FrozenBase(policy)
         init_from = self.hparams.init_from
         named = set(self.hf_dirs)
         if isinstance(init_from, Mapping):
@@ -168,14 +193,16 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
                 "model in one of them"
             )
         for name, default in (("reference", "policy"), ("value", "reward")):
-            if name not in self.hf_dirs and targets.get(default):
+            if name in self.model_names and name not in self.hf_dirs and targets.get(default):
                 targets.setdefault(name, targets[default])
         for name in ("reward", "value"):
             if targets.get(name) and gpt_or_scalar(targets[name], self.hparams.trust_checkpoint) == "body":
                 targets[f"{name}.body"] = targets.pop(name)  # a GPT checkpoint: the body, with a fresh head
         super()._load_init_from(targets)
 
-    def updates_per_batch(self) -> int:
+    @property
+    def optimizer_steps_per_batch(self) -> int:
+        """Optimizer steps of one PPO iteration (a training batch); the progress bar counts iterations."""
         return self.hparams.num_ppo_epochs * self.hparams.num_mini_batches
 
     # ---- one PPO iteration -------------------------------------------------------------------------
@@ -188,6 +215,7 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
         out = rollout(
             self.policy, tok, batch["prompt_ids"], batch["prompt_mask"], h.max_new_tokens, h.temperature
         )
+        self.stage_clock.lap("generation")
         seq, attn, mask = out.sequences, out.attention_mask, out.response_mask
         R = out.responses.size(1)
         logprobs, values = (
@@ -228,7 +256,9 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
         B = batch["prompt_ids"].size(0)
         mb = max(1, B // h.num_mini_batches)
         orders = [torch.randperm(B, device=self.device) for _ in range(h.num_ppo_epochs)]
+        self.stage_clock.start(self.device)
         exp = self.make_experience(batch, orders[0], mb)
+        self.stage_clock.lap("scoring")
         R = exp["mask"].size(1)
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         stats: dict[str, list[torch.Tensor]] = {}
@@ -263,7 +293,9 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
                     "value/clipfrac": vf["clipfrac"],
                 }.items():
                     stats.setdefault(key, []).append(value.detach())
+        self.stage_clock.lap("update")
         self._log_iteration(exp, stats)
+        self.stage_clock.log(self)
 
     def _log_iteration(self, exp: dict, stats: dict) -> None:
         mask = exp["mask"]
@@ -302,6 +334,7 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
         checkpoint["kl_coef"] = self.kl_coef
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)  # a LoRA checkpoint: completed with its base, which is checked
         self.kl_coef = checkpoint.get("kl_coef", self.kl_coef)
         if self.kl_ctl is not None:
             self.kl_ctl.value = self.kl_coef

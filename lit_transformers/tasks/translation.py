@@ -13,10 +13,11 @@ from lit_transformers.models import Seq2SeqConfig, Seq2SeqTransformer
 from lit_transformers.nn import token_mean
 from lit_transformers.nn.attention import recorded_attention
 from lit_transformers.tasks.base import Task, eval_mode
-from lit_transformers.tasks.evaluation import CorpusScore, labeled_matrix_image
+from lit_transformers.tasks.evaluation import CorpusScore
 from lit_transformers.tasks.specs import config_spec
 from lit_transformers.text import Tokenizer, right_pad
 from lit_transformers.utils.dashboards import log_image, log_table
+from lit_transformers.utils.figures import attention_figure
 
 log = logging.getLogger(__name__)
 
@@ -220,34 +221,39 @@ class TranslationTask(Task):
     # ---- dashboards ------------------------------------------------------------------------------
 
     def log_examples(self) -> None:
-        """A few fixed validation sentences with their reference and greedy hypothesis as a table, and the
-        cross-attention of the first one as a picture (target tokens x source tokens, last decoder layer,
-        averaged over heads). Every rank runs the forwards (under FSDP each needs them all); the dashboards
-        take rank 0's."""
+        """A few fixed validation sentences with their reference, greedy hypothesis and sentence chrF as a
+        table, and the cross-attention of the first one as a picture (target tokens x source tokens, last
+        decoder layer, averaged over heads). Every rank runs the forwards (under FSDP each needs them all);
+        the dashboards take rank 0's."""
         n = self.hparams.num_examples
         examples = self.data.fixed_examples(n) if n and self.data is not None else []
         if not examples or self.trainer.sanity_checking:
             return
         hypotheses = self.translate_texts([source for source, _ in examples])
+        chrf = self.scores["val_chrf"].scorer  # the corpus chrF's settings, per sentence
         log_table(
             self.trainer,
             "val/translations",
-            ["source", "reference", "hypothesis"],
-            [(s, r, h) for (s, r), h in zip(examples, hypotheses)],
+            ["source", "reference", "hypothesis", "chrF"],
+            [
+                (s, r, h, round(chrf.sentence_score(h, [r]).score, 1))
+                for (s, r), h in zip(examples, hypotheses)
+            ],
         )
         tok = self.require_tokenizer()
         source = torch.tensor(self.encode_sources([examples[0][0]]), device=self.device)
         target = torch.tensor([[self.model.config.bos_id, *tok.encode(hypotheses[0])]], device=self.device)
         probs = cross_attention_map(self.model, source, target)  # (T, S)
         labels = lambda t, ids: [t.decode([i], skip_special_tokens=False) for i in ids]  # noqa: E731
-        image = labeled_matrix_image(
+        figure = attention_figure(
             probs,
             labels(tok, target[0].tolist()),
             labels(self.source_tokenizer or tok, source[0].tolist()),
-            "source",
-            "target",
+            title="cross-attention of the first example (last decoder layer, mean over heads)",
+            x_label="source token",
+            y_label="target token (greedy hypothesis)",
         )
-        log_image(self.trainer, "val/cross_attention", image)
+        log_image(self.trainer, "val/cross_attention", figure)
 
 
 @torch.no_grad()

@@ -2,7 +2,9 @@
 
 Each example is a prompt ("Reverse the words: ash oak elm\\nAnswer:"), its correct completion (" elm oak ash")
 and a plausible wrong one (a wrong word, wrong order, truncated, extra text, a word repeated) for reward-model
-and DPO pairs.
+and DPO pairs. Besides the one-step kinds (reverse, sort, count, last, first) there are multi-step ones that
+imitation does not saturate (the k-th word once sorted, a letter's count, numbers in words added, only the first
+k words reversed); ``data.kinds`` lists kinds or names a mix (:data:`MIXES`).
 The judge (exact match, and a graded score in [0, 1]) is the ground truth that a reward model only learns
 to approximate; the stages report both. Records that teach nothing (an empty SFT completion, a pair with
 the same responses) are skipped with a count, or refused when a split holds nothing else. No tensors: the
@@ -14,7 +16,8 @@ from __future__ import annotations
 import difflib
 import logging
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lit_transformers.nn.losses import IGNORE_INDEX
@@ -25,27 +28,68 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# kind -> (instruction, answer from the word list); chosen to be learnable by a small GPT on CPU in minutes
+
+@dataclass(frozen=True)
+class Task:
+    """A kind of instruction: its text (``{arg}`` stands for the example's argument), the answer (a word list)
+    from the prompt's words and that argument, how the argument is drawn for the words (none by default), and
+    the words a prompt draws from (by default the corpus's commonest words)."""
+
+    instruction: str
+    answer: Callable[[list[str], str | None], list[str]]
+    argument: Callable[[list[str], random.Random], str] | None = None
+    words: tuple[str, ...] | None = None
+
+
+NUMBERS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+
 TASKS = {
-    "reverse": ("Reverse the words", lambda words: list(reversed(words))),
-    "sort": ("Sort the words", lambda words: sorted(words)),
-    "count": ("Count the words in", lambda words: [str(len(words))]),
-    "last": ("Repeat the last word of", lambda words: [words[-1]]),
-    "first": ("Repeat the first word of", lambda words: [words[0]]),
+    # one step each: learnable by a small GPT on CPU in minutes (a fully trained SFT nears 0.9 on them)
+    "reverse": Task("Reverse the words", lambda words, _: list(reversed(words))),
+    "sort": Task("Sort the words", lambda words, _: sorted(words)),
+    "count": Task("Count the words in", lambda words, _: [str(len(words))]),
+    "last": Task("Repeat the last word of", lambda words, _: [words[-1]]),
+    "first": Task("Repeat the first word of", lambda words, _: [words[0]]),
+    # two steps, or an argument to read: headroom that imitation does not close, for RL to find
+    "kth_sorted": Task(
+        "Sort the words and repeat word {arg} of",
+        lambda words, k: [sorted(words)[int(k) - 1]],
+        lambda words, rng: str(rng.randint(1, len(words))),
+    ),
+    "count_letter": Task(
+        "Count the letter {arg} in",
+        lambda words, letter: [str("".join(words).count(letter))],
+        lambda words, rng: rng.choice(sorted(set("".join(words)))),  # a letter of the words: never 0
+    ),
+    "add": Task(
+        "Add the numbers", lambda words, _: [str(sum(NUMBERS.index(w) + 1 for w in words))], words=NUMBERS
+    ),
+    "reverse_first": Task(
+        "Reverse the first {arg} words of",
+        lambda words, k: [*reversed(words[: int(k)]), *words[int(k) :]],
+        lambda words, rng: str(rng.randint(2, len(words))),
+    ),
+}
+# named mixes for data.kinds; the default, basic, is the one every measured number so far used
+MIXES = {
+    "basic": ("reverse", "sort", "count", "last"),
+    "hard": ("sort", "kth_sorted", "count_letter", "add", "reverse_first", "last"),
 }
 
 
-def make_prompt(kind: str, words: Sequence[str]) -> str:
-    return f"{TASKS[kind][0]}: {' '.join(words)}\nAnswer:"
+def make_prompt(kind: str, words: Sequence[str], arg: str | None = None) -> str:
+    return f"{TASKS[kind].instruction.format(arg=arg)}: {' '.join(words)}\nAnswer:"
 
 
-def make_example(kind: str, words: Sequence[str], vocabulary: Sequence[str], rng: random.Random) -> dict:
+def make_example(
+    kind: str, words: Sequence[str], vocabulary: Sequence[str], rng: random.Random, arg: str | None = None
+) -> dict:
     """One record: prompt, completion (correct), chosen (= completion), rejected (a corruption), answer, kind."""
-    answer = TASKS[kind][1](list(words))
-    rejected = corrupt(answer, kind, words, vocabulary, rng)
+    answer = TASKS[kind].answer(list(words), arg)
+    rejected = corrupt(answer, kind, words, TASKS[kind].words or vocabulary, rng)
     completion = " " + " ".join(answer)
     return {
-        "prompt": make_prompt(kind, words),
+        "prompt": make_prompt(kind, words, arg),
         "completion": completion,
         "chosen": completion,
         "rejected": " " + " ".join(rejected),
@@ -61,7 +105,7 @@ def corrupt(
     the prompt, extra text, truncation) the corruptions include the ones a small model makes: a similar word
     ("method" for "methods"), another word of the prompt in a word's place, a swapped pair, a word on repeat.
     A reward model that never saw those as rejected scores them high, and PPO learns to produce them."""
-    if kind == "count":
+    if len(answer) == 1 and answer[0].isdigit():  # a number: off by one or two
         n = int(answer[0])
         return [str(n + rng.choice([d for d in (-2, -1, 1, 2) if n + d > 0]))]
     choices = ["wrong_word", "similar_word", "extra_text", "repeated"]
@@ -94,18 +138,33 @@ def corrupt(
     return out
 
 
+def task_kinds(kinds: str | Sequence[str]) -> list[str]:
+    """The task kinds of ``data.kinds``: a list of kinds, or the name of a mix (:data:`MIXES`)."""
+    if isinstance(kinds, str):
+        if kinds not in MIXES:
+            raise ValueError(
+                f"data.kinds={kinds!r}: name a mix of {sorted(MIXES)}, or list kinds of {sorted(TASKS)}"
+            )
+        return list(MIXES[kinds])
+    unknown = [k for k in kinds if k not in TASKS]
+    if unknown:
+        raise ValueError(
+            f"Unknown instruction task(s) {unknown}; choose from {sorted(TASKS)}, or a mix of {sorted(MIXES)}"
+        )
+    return list(kinds)
+
+
 def make_examples(
     vocabulary: Sequence[str],
     n: int,
-    kinds: Sequence[str] = ("reverse", "sort", "count", "last"),
+    kinds: str | Sequence[str] = MIXES["basic"],
     min_words: int = 2,
     max_words: int = 4,
     seed: int = 0,
 ) -> list[dict]:
-    """``n`` distinct examples (distinct prompts), kinds in turn, words drawn from ``vocabulary``."""
-    unknown = [k for k in kinds if k not in TASKS]
-    if unknown:
-        raise ValueError(f"Unknown instruction task(s) {unknown}; choose from {sorted(TASKS)}")
+    """``n`` distinct examples (distinct prompts), kinds (a list, or a mix's name) in turn, words drawn from
+    ``vocabulary`` (or the kind's own words: numbers to add)."""
+    kinds = task_kinds(kinds)
     if len(vocabulary) < max_words:
         raise ValueError(f"The word list has {len(vocabulary)} words, fewer than max_words={max_words}")
     rng, seen, examples = random.Random(seed), set(), []
@@ -113,11 +172,13 @@ def make_examples(
         if len(examples) == n:
             break
         kind = kinds[attempt % len(kinds)]
-        words = [rng.choice(vocabulary) for _ in range(rng.randint(min_words, max_words))]
-        prompt = make_prompt(kind, words)
+        task = TASKS[kind]
+        words = [rng.choice(task.words or vocabulary) for _ in range(rng.randint(min_words, max_words))]
+        arg = task.argument(words, rng) if task.argument else None
+        prompt = make_prompt(kind, words, arg)
         if prompt not in seen:
             seen.add(prompt)
-            examples.append(make_example(kind, words, vocabulary, rng))
+            examples.append(make_example(kind, words, vocabulary, rng, arg))
     return examples
 
 
@@ -133,6 +194,30 @@ def judge(response: str, answer: str) -> tuple[float, float]:
         return exact, 0.0
     hits = sum(g == w for g, w in zip(got, want))
     return exact, hits / max(len(got), len(want), 1)
+
+
+def with_correct_chosen(records: list[dict]) -> list[dict]:
+    """The pairs whose chosen response is the right answer (judge exact): a pair of two wrong responses teaches
+    DPO to raise one wrong answer over another. Refused when a record has no ``answer`` or none is left."""
+    missing = next((r for r in records if r.get("answer") is None), None)
+    if missing is not None:
+        raise ValueError(
+            f"{missing.get('where', 'a record')}: no answer, and data.correct_chosen_only=true keeps the pairs whose"
+            " chosen response the judge finds right; give every pair an answer (the label stage's comparisons"
+            " have one) or set data.correct_chosen_only=false"
+        )
+    kept = [r for r in records if judge(response_text(r["chosen"]), r["answer"])[0]]
+    if not kept:
+        raise ValueError(
+            f"None of the {len(records)} pairs has a chosen response equal to its answer, so"
+            " data.correct_chosen_only=true leaves nothing; set data.correct_chosen_only=false"
+        )
+    log.info(
+        "Kept the %d of %d pairs whose chosen response is right (data.correct_chosen_only)",
+        len(kept),
+        len(records),
+    )
+    return kept
 
 
 # the fields that hold a message list in TRL's conversational records
@@ -177,12 +262,16 @@ def encode_conversation(
     return chat.ids[:first], {"completion": chat.ids[first:], "targets": labels[first:]}
 
 
+def response_text(response: str | list[dict]) -> str:
+    """A response's text: itself, or the text of a conversation's assistant turns."""
+    if isinstance(response, str):
+        return response
+    return "".join(m["content"] for m in response if m["role"] == "assistant")
+
+
 def completion_text(record: Mapping) -> str:
     """What an SFT record teaches: its completion, or the text of its conversation's assistant turns."""
-    completion = record.get("completion", record.get("messages"))
-    if isinstance(completion, str):
-        return completion
-    return "".join(m["content"] for m in completion if m["role"] == "assistant")
+    return response_text(record.get("completion", record.get("messages")))
 
 
 # records that teach nothing, per TRL format: (what they have, what training on only them does, the fix)

@@ -7,22 +7,45 @@ the run has (``logger=many``: all three) gets it. Rank 0 only.
 from __future__ import annotations
 
 import csv
+import html
+import numbers
 import os
+import re
 from collections.abc import Sequence
 
 import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+from matplotlib import pyplot as plt
+from matplotlib.figure import Figure
+
+from lit_transformers.utils.figures import figure_to_image
+
+SIGNIFICANT_DIGITS = 4  # of a table's numbers: 0.1235, 12.35, 1235.0
+
+
+def logged_step(trainer) -> int:
+    """The step ``self.log`` gives its scalars, so the pictures and tables of a validation sit beside its metrics.
+    Lightning's logger connector (``_LoggerConnector.log_metrics``) logs at the fit loop's count of training
+    batches whose optimizer step is done, not at ``global_step``: a validation after 50 steps is at 49, with the
+    50th batch's training scalars; a PPO iteration (one batch, several optimizer steps) counts once."""
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
 
 
 def _file_name(key: str) -> str:
     return key.replace("/", "_")
 
 
-def log_image(trainer, key: str, image: torch.Tensor) -> None:
-    """A (3, H, W) uint8 image; CSV runs get ``<csv dir>/images/<key>_step<N>.png``."""
-    if not trainer.is_global_zero:
+def log_image(trainer, key: str, image: torch.Tensor | Figure) -> None:
+    """A (3, H, W) uint8 image or a matplotlib Figure (rendered to one, then closed); CSV runs get
+    ``<csv dir>/images/<key>_step<N>.png``. Nothing during the sanity check: its step-0 pictures come from
+    an untrained model on a couple of batches, and would sit first on every slider."""
+    logged = trainer.is_global_zero and not trainer.sanity_checking
+    if isinstance(image, Figure):
+        figure, image = image, figure_to_image(image) if logged else None
+        plt.close(figure)  # a pyplot-made figure would otherwise stay open for the whole run
+    if not logged:
         return
-    step = trainer.global_step
+    step = logged_step(trainer)
     for logger in trainer.loggers:
         if isinstance(logger, WandbLogger):
             logger.log_image(key, [image.permute(1, 2, 0).numpy()], step=step)
@@ -36,21 +59,50 @@ def log_image(trainer, key: str, image: torch.Tensor) -> None:
             torchvision.io.write_png(image, path)
 
 
+def rounded(value):
+    """A table cell: a float (also a 0-d tensor or numpy float) to ``SIGNIFICANT_DIGITS``; anything else as is."""
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+    return value
+
+
+# what Python-Markdown (TensorBoard's text plugin) reads as formatting and unescapes after a backslash; "<" and
+# "&" go as HTML entities, since its sanitiser would drop what looks like a tag
+_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_{}\[\]()#+\-.!|])")
+_REPEATED_SPACE = re.compile(r"(?:^|(?<= )) ", re.MULTILINE)  # indentation, and every space after another
+
+
+def markdown_cell(value) -> str:
+    """``value`` as TensorBoard's text plugin shows it verbatim in a markdown table cell: ``__init__`` is not
+    bold, ``*args`` keeps its star, a line break stays one (``<br>``), indentation stays (no-break spaces)."""
+    text = html.escape(str(value).expandtabs(4), quote=False)
+    text = _MARKDOWN_PUNCTUATION.sub(r"\\\1", text)
+    text = _REPEATED_SPACE.sub("&nbsp;", text)
+    return "<br>".join(text.splitlines())
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence]) -> str:
+    lines = ["| " + " | ".join(map(markdown_cell, columns)) + " |", "|" + " --- |" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(map(markdown_cell, row)) + " |" for row in rows])
+
+
 def log_table(trainer, key: str, columns: Sequence[str], rows: Sequence[Sequence]) -> None:
-    """Rows of strings/numbers: a wandb table, a TensorBoard markdown table, and CSV runs append them to
-    ``<csv dir>/<key>.csv`` with a leading ``step`` column (one file accumulates every validation)."""
+    """Rows of strings/numbers (floats rounded to ``SIGNIFICANT_DIGITS``), the same to every dashboard: a
+    ``wandb.Table``, a TensorBoard markdown table (each cell escaped: :func:`markdown_cell`), and CSV runs
+    append them to ``<csv dir>/<key>.csv`` with a leading ``step`` column (one file accumulates every
+    validation)."""
     if not trainer.is_global_zero:
         return
-    step = trainer.global_step
-    rows = [list(row) for row in rows]
+    step = logged_step(trainer)
+    columns = list(columns)
+    rows = [[rounded(value) for value in row] for row in rows]
     for logger in trainer.loggers:
         if isinstance(logger, WandbLogger):
-            logger.log_text(key, columns=list(columns), data=rows, step=step)
+            logger.log_table(key, columns=columns, data=rows, step=step)
         elif isinstance(logger, TensorBoardLogger):
-            cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731 - markdown escaping
-            lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
-            lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-            logger.experiment.add_text(key, "\n".join(lines), global_step=step)
+            logger.experiment.add_text(key, markdown_table(columns, rows), global_step=step)
         elif isinstance(logger, CSVLogger):
             path = os.path.join(logger.log_dir, f"{_file_name(key)}.csv")
             os.makedirs(logger.log_dir, exist_ok=True)

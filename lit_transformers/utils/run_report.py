@@ -18,21 +18,35 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lit_transformers.callbacks import Interrupted
 
 
-def run_summary(trainer: L.Trainer, loggers: list[Logger], run_dir: str | Path) -> str:
-    lines = [f"Run folder:      {run_dir}"]
+def checkpoint_lines(trainer: L.Trainer) -> list[str]:
+    """The run summary's lines on checkpoints, taken when training ends (testing a checkpoint loads the checkpoint
+    callback's state from it, an older best and last too)."""
     checkpoints = trainer.checkpoint_callback
     if checkpoints is None:
-        lines.append("Checkpoints:     none (checkpointing is off)")
-    else:
-        if checkpoints.best_model_path:
-            score = checkpoints.best_model_score
-            judged = f" ({checkpoints.monitor} {float(score):.4g})" if score is not None else ""
-            lines.append(f"Best checkpoint: {checkpoints.best_model_path}{judged}")
-        if checkpoints.last_model_path:
-            lines.append(f"Last checkpoint: {checkpoints.last_model_path}")
+        return ["Checkpoints:     none (checkpointing is off)"]
+    lines = []
+    if checkpoints.best_model_path:
+        score = checkpoints.best_model_score
+        judged = f" ({checkpoints.monitor} {float(score):.4g})" if score is not None else ""
+        lines.append(f"Best checkpoint: {checkpoints.best_model_path}{judged}")
+    if checkpoints.last_model_path:
+        lines.append(f"Last checkpoint: {checkpoints.last_model_path}")
+    return lines
+
+
+def run_summary(run_dir: str | Path, checkpoints: list[str], loggers: list[Logger]) -> str:
+    """Where everything went: the run folder, ``checkpoints`` (``checkpoint_lines``), and each dashboard's files
+    (the CSV logger's metrics, pictures and tables) or command."""
+    lines = [f"Run folder:      {run_dir}", *checkpoints]
     for logger in loggers:
         if isinstance(logger, CSVLogger):
-            lines.append(f"Metrics:         {Path(logger.log_dir) / 'metrics.csv'}")
+            folder = Path(logger.log_dir)
+            lines.append(f"Metrics:         {folder / 'metrics.csv'}")
+            if (folder / "images").is_dir():
+                lines.append(f"Images:          {folder / 'images'}/")
+            lines += [
+                f"Table:           {t}" for t in sorted(folder.glob("*.csv")) if t.name != "metrics.csv"
+            ]
         elif isinstance(logger, TensorBoardLogger):
             lines.append(f"TensorBoard:     tensorboard --logdir {logger.log_dir}")
         elif isinstance(logger, WandbLogger):
