@@ -1,5 +1,5 @@
 """Write a trained causal LM as a Hugging Face model directory: ``lit-export ckpt=<run>/checkpoints/last.ckpt
-out=<dir>`` (or ``python -m lit_transformers.export``), for a GPT, SFT, PPO or DPO checkpoint (the policy of the
+out=<dir>`` (or ``python -m lit_transformers.export``), for a GPT, SFT, PPO, GRPO or DPO checkpoint (the policy of the
 last two). The directory is what ``transformers`` loads and serves: the model (``GPT.to_hf``: GPT-2, Llama, Qwen2
 or Mistral), its tokenizer files, and a ``generation_config.json`` that stops at the tokenizer's end-of-turn ids.
 ``lit-export --help`` lists the keys (conf/export.yaml)."""

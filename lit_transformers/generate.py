@@ -1,5 +1,5 @@
 """Print continuations from a trained causal LM: ``lit-generate ckpt=<run>/checkpoints/last.ckpt prompt="The for
-statement"`` (or ``python -m lit_transformers.generate``), from a GPT, SFT, PPO or DPO checkpoint (the policy of
+statement"`` (or ``python -m lit_transformers.generate``), from a GPT, SFT, PPO, GRPO or DPO checkpoint (the policy of
 the last two) or a Hugging Face decoder directory (``ckpt=<dir>``, with its own tokenizer); ``chat=true``
 renders each prompt as a user turn with the tokenizer's chat template, for instruct checkpoints.
 ``lit-generate --help`` lists the keys (conf/generate.yaml)."""
@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, ListConfig
 
 from lit_transformers.nn.generation import check_sampling
-from lit_transformers.tasks import CausalLMTask, DPOTask, PPOTask, SFTTask
+from lit_transformers.tasks import CausalLMTask, DPOTask, GRPOTask, PPOTask, SFTTask
 from lit_transformers.text import Tokenizer
 from lit_transformers.utils.checkpoints import read_checkpoint, written_by
 from lit_transformers.utils.config import ConfigError, check_required, check_types
@@ -32,7 +32,13 @@ FLAG_TYPES = {
 }
 
 # the tasks whose checkpoints hold a causal LM (a GPT), with the attribute that holds it: its state-dict prefix
-CAUSAL_LMS = {CausalLMTask: "model", SFTTask: "model", PPOTask: "policy", DPOTask: "policy"}
+CAUSAL_LMS = {
+    CausalLMTask: "model",
+    SFTTask: "model",
+    PPOTask: "policy",
+    GRPOTask: "policy",
+    DPOTask: "policy",
+}
 
 
 def check_settings(cfg: DictConfig) -> None:
@@ -67,7 +73,7 @@ def hub_language_model(path: str, trust_checkpoint: bool) -> CausalLMTask:
 
 def language_model(ckpt: str, trust_checkpoint: bool = False) -> CausalLMTask:
     """The causal LM of checkpoint ``ckpt`` as a :class:`CausalLMTask` (its GPT and tokenizer), on the CPU: a GPT
-    or SFT checkpoint's model, a PPO or DPO checkpoint's policy (the same GPT, built from the same model
+    or SFT checkpoint's model, a PPO, GRPO or DPO checkpoint's policy (the same GPT, built from the same model
     config), a LoRA checkpoint's base with its adapters merged, or a Hugging Face directory's decoder
     (:func:`hub_language_model`)."""
     if Path(ckpt).expanduser().is_dir():
@@ -80,7 +86,7 @@ def language_model(ckpt: str, trust_checkpoint: bool = False) -> CausalLMTask:
         raise ValueError(
             f"ckpt={ckpt} was written by {written_by(checkpoint, ckpt)}, which holds no language model "
             f"to generate with (a reward model scores text, it does not write it); pass a checkpoint of "
-            f"{accepted} (a gpt_pretrain, gpt_sft, gpt_ppo or gpt_dpo run)"
+            f"{accepted} (a gpt_pretrain, gpt_sft, gpt_ppo, gpt_grpo or gpt_dpo run)"
         )
     saved = checkpoint["hyper_parameters"]
     task = CausalLMTask(model=saved["model"], optimizer=saved["optimizer"], tokenizer=saved["tokenizer"])

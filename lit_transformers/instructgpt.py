@@ -1,4 +1,4 @@
-"""The InstructGPT chain in one command: pretrain -> SFT -> label -> reward model -> PPO (and DPO), each training
+"""The InstructGPT chain in one command: pretrain -> SFT -> label -> reward model -> PPO (and GRPO, DPO), each training
 stage a normal ``train.py`` run in its own subdirectory, each stage's best checkpoint feeding the next.
 
 ``label`` plays InstructGPT's labelers (lit_transformers/labeling.py): the judge ranks the SFT policy's samples into
@@ -6,6 +6,7 @@ the preference pairs that the reward model and DPO train on.
 
     lit-instructgpt                                         # the whole chain (= python -m lit_transformers.instructgpt)
     lit-instructgpt 'stages=[pretrain,sft,label,reward,ppo,dpo]'
+    lit-instructgpt 'stages=[pretrain,sft,grpo]'            # GRPO rewarded by the judge: no reward model needed
     lit-instructgpt run_dir=<run>                           # resume: finished stages skipped, a stopped one resumed
     lit-instructgpt model=llama_nano                        # the chain on another model preset (pretrain builds it)
     lit-instructgpt init_from_hf=<dir> 'stages=[sft,label,reward,ppo]'   # from a Hugging Face decoder and its tokenizer
@@ -59,6 +60,8 @@ NEEDS = {
     "label": {"model": "sft"},
     "reward": {"model": "sft"},
     "ppo": {"policy": "sft", "reward": "reward"},
+    # the reward model only for a reward_model reward (stage_needs)
+    "grpo": {"policy": "sft", "reward": "reward"},
     "dpo": {"model": "sft"},
 }
 TRAINED = {
@@ -76,6 +79,16 @@ def given_checkpoints(overrides: list[str]) -> dict[str, str]:
     return {"model": init_from} if isinstance(init_from, str) else dict(init_from)
 
 
+def stage_needs(cfg: DictConfig, stage: str) -> dict[str, str]:
+    """``NEEDS[stage]``, less GRPO's reward model when its ``task.rewards`` (the judge alone, say) do not use it."""
+    if stage != "grpo":
+        return NEEDS[stage]
+    rewards = compose("train", overrides=[*cfg.stage_configs[stage], *cfg.common]).task.rewards
+    if any("reward_model" in entry for entry in rewards):
+        return NEEDS[stage]
+    return {key: parent for key, parent in NEEDS[stage].items() if key != "reward"}
+
+
 def check_sources(cfg: DictConfig) -> dict[str, dict[str, str]]:
     """Before any stage runs: every stage still to run needs each model it starts from (NEEDS) from a stage before
     it or from its own overrides; returns the checkpoints the overrides give, by stage. A stage without one is
@@ -90,7 +103,7 @@ def check_sources(cfg: DictConfig) -> dict[str, dict[str, str]]:
         finished = (Path(cfg.run_dir) / stage / "stage.json").is_file()
         missing = {
             key: parent
-            for key, parent in NEEDS[stage].items()
+            for key, parent in stage_needs(cfg, stage).items()
             if parent not in before and not finished and key not in hub_source(cfg, stage)
         }
         if missing:
@@ -135,7 +148,11 @@ def missing_source(stage: str, missing: dict[str, str], spec: list[str], stages:
         f"{TRAINED[p]} (init_from{'' if k == 'model' else '.' + k})" for k, p in missing.items()
     )
     wanted = set(stages) | set(missing.values())
-    while extra := {p for s in wanted for p in NEEDS[s].values()} - wanted:  # the parents' parents too
+    needs = {
+        **NEEDS,
+        stage: missing,
+    }  # the stage's own: GRPO's holds a reward model only for a reward_model reward
+    while extra := {p for s in wanted for p in needs[s].values()} - wanted:  # the parents' parents too
         wanted |= extra
     given = [
         f"init_from=<{p}.ckpt>" if k == "model" else f"+init_from.{k}=<{p}.ckpt>" for k, p in missing.items()
@@ -254,7 +271,7 @@ def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
         hub = hub_source(cfg, stage)
         sources = hub | {
             key: done[parent]["checkpoint"] if parent in done else given[stage][key]
-            for key, parent in NEEDS[stage].items()
+            for key, parent in stage_needs(cfg, stage).items()
             if key not in hub
         }
         # a stage that builds its model (pretrain, or from init_from_hf) has the chain's; the others their parent's

@@ -1,5 +1,6 @@
 """The math of InstructGPT's stages as plain torch: reward-model and DPO losses, and PPO's pieces (EOS
-truncation, KL estimators, per-token rewards, GAE, masked whitening, clipped losses, adaptive KL).
+truncation, KL estimators, per-token rewards, GAE, masked whitening, clipped losses, adaptive KL), and GRPO's
+(group-relative advantages, the clipped loss in TRL's four aggregations).
 
 Conventions follow TRL's PPO trainer and "The N+ implementation details of RLHF with PPO" (Huang et al.):
 response tensors are (B, T) over the generated tokens only, ``mask`` (B, T) bool marks real response tokens
@@ -282,3 +283,103 @@ class AdaptiveKLController:
         error = min(max(current_kl / self.target - 1, -0.2), 0.2)
         self.value *= 1 + error * n_steps / self.horizon
         return self.value
+
+
+# ---- GRPO: group-relative advantages and the clipped loss --------------------------------------------------
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    num_generations: int,
+    scale_rewards: str = "group",
+    all_reduce: AllReduce | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO's advantages (Shao et al. 2024) as TRL's ``GRPOTrainer``: rewards (N,), ``num_generations``
+    consecutive completions per prompt, -> ``(r - mean_group) / (std + 1e-4)`` (N,) and whether each row's std is 0
+    (N,). ``scale_rewards``: ``group`` (std within the group), ``batch`` (std over the whole batch, of all ranks
+    with ``all_reduce``), ``none`` (Dr. GRPO: mean only). Stds are unbiased; a group whose completions all score
+    alike gets advantages of exactly 0 (never NaN)."""
+    grouped = rewards.view(-1, num_generations)  # (prompts, G)
+    centred = grouped - grouped.mean(1, keepdim=True)
+    if scale_rewards == "batch":
+        r = rewards.double()  # sums of squares in float64: no cancellation against the mean's square
+        stats = torch.stack([r.sum(), (r * r).sum(), r.new_tensor(r.numel())])
+        if all_reduce is not None:
+            stats = all_reduce(stats)
+        total, total_sq, n = stats.unbind()
+        var = (total_sq - total * total / n) / (n - 1).clamp(min=1)
+        std = var.clamp(min=0).sqrt().to(rewards.dtype).expand_as(grouped)
+    elif scale_rewards in ("group", "none"):  # "none" still tells zero-std groups apart, for logging
+        std = grouped.std(1, keepdim=True).expand_as(grouped) if num_generations > 1 else 0 * grouped
+    else:
+        raise ValueError(f"scale_rewards={scale_rewards!r}: use group, batch or none")
+    advantages = centred if scale_rewards == "none" else centred / (std + 1e-4)
+    return advantages.flatten(), torch.isclose(std, torch.zeros_like(std)).flatten()
+
+
+GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    loss_type: str = "dapo",
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    beta: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+    bias_correction_kl: bool = True,
+    max_completion_length: int | None = None,
+    num_tokens: torch.Tensor | float | None = None,
+) -> dict[str, torch.Tensor]:
+    """GRPO's clipped objective per token, as TRL's ``GRPOTrainer._compute_loss`` (token-level ratios):
+    ``-min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A) + beta * KL_t`` with r = pi / pi_old, advantages (B,)
+    one per completion, KL_t the k3 estimate against ``ref_logprobs`` (times r with ``bias_correction_kl``:
+    DeepSeek-V3.2's unbiased reverse-KL gradient, TRL's default). ``loss_type`` aggregates over (B, T) ``mask``:
+    ``grpo`` each completion's token mean, then the mean; ``bnpo`` the mean over all tokens; ``dr_grpo`` the sum
+    over ``B * max_completion_length``; ``dapo`` the sum over ``num_tokens`` (the tokens of the whole generation
+    batch per rank: all ranks' count / world size; default the mask's). Also returns the masked-mean ``kl`` and
+    TRL's ``clip_ratio/{low,high,region}_mean`` (tokens whose ratio left the clip range on the side that cuts
+    their gradient), and the ratio r (detached)."""
+    if loss_type not in GRPO_LOSS_TYPES:
+        raise ValueError(f"loss_type={loss_type!r}: use one of {', '.join(GRPO_LOSS_TYPES)}")
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    mask = mask.to(logprobs.dtype)
+    advantages = advantages[:, None]  # (B, 1): one per completion, on each of its tokens
+    ratio = (logprobs - old_logprobs).exp()
+    clipped = ratio.clamp(1 - epsilon, 1 + epsilon_high)
+    per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    out = {}
+    if beta:
+        if ref_logprobs is None:
+            raise ValueError("grpo_loss with beta > 0 needs the reference's log-probs (ref_logprobs)")
+        kl = kl_estimate(logprobs, ref_logprobs, "k3")
+        if bias_correction_kl:
+            kl = kl * ratio
+        per_token = per_token + beta * kl
+        out["kl"] = masked_mean(kl.detach(), mask)
+    if loss_type == "grpo":
+        loss = ((per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    elif loss_type == "bnpo":
+        loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
+    elif loss_type == "dr_grpo":
+        if max_completion_length is None:
+            raise ValueError(
+                "loss_type=dr_grpo divides by B * max_completion_length: pass max_completion_length"
+            )
+        loss = (per_token * mask).sum() / (per_token.size(0) * max_completion_length)
+    else:
+        normalizer = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, dtype=mask.dtype)
+        loss = (per_token * mask).sum() / normalizer.clamp(min=1)
+    low = (ratio < 1 - epsilon) & (advantages < 0)
+    high = (ratio > 1 + epsilon_high) & (advantages > 0)
+    out |= {
+        "loss": loss,
+        "clip_ratio/low_mean": masked_mean(low.to(mask.dtype), mask),
+        "clip_ratio/high_mean": masked_mean(high.to(mask.dtype), mask),
+        "clip_ratio/region_mean": masked_mean((low | high).to(mask.dtype), mask),
+        "ratio": ratio.detach(),
+    }
+    return out

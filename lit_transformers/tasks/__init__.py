@@ -12,6 +12,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "contrastive": ["ContrastiveTask"],
         "dpo": ["DPOTask"],
         "encoder": ["EncoderClassifierTask", "EncoderTask"],
+        "grpo": ["GRPOTask"],
         "image_classification": ["ImageClassificationTask"],
         "masked_lm": ["MaskedLMTask"],
         "optim": ["decay_groups", "inverse_sqrt", "warmup_cosine", "warmup_linear"],

@@ -110,17 +110,55 @@ class PolicyEvaluation:
     """Validation/test of a policy against its frozen reference on held-out prompts: greedy responses, the
     judge (``judge_exact``, ``judge_score``), ``kl`` (summed k1 over response tokens, on ``logits / T``),
     ``rm_score`` when the task has a reward model, ``response_length``, and a sample table at each validation.
-    Mixed into PPO and DPO."""
+    Mixed into PPO, GRPO and DPO."""
+
+    def reference_logprobs(self, sequences: torch.Tensor, attention_mask: torch.Tensor, n_response: int):
+        """(B, R) the frozen reference's log-probs of the responses, on ``logits / T``: the other side of the KL
+        (None for a task that holds no reference: then no ``kl``)."""
+        return response_logprobs(
+            self.reference, sequences, attention_mask, n_response, self.hparams.temperature
+        )
 
     def evaluate_policy(self, batch, stage: str, batch_idx: int) -> None:
         tok = self.require_tokenizer()
         h = self.hparams
         out = rollout(self.policy, tok, batch["prompt_ids"], batch["prompt_mask"], h.max_new_tokens, 0.0)
         R, mask = out.responses.size(1), out.response_mask
-        logp = response_logprobs(self.policy, out.sequences, out.attention_mask, R, h.temperature)
-        ref = response_logprobs(self.reference, out.sequences, out.attention_mask, R, h.temperature)
+        ref = self.reference_logprobs(out.sequences, out.attention_mask, R)
         reward = getattr(self, "reward", None)
         values = {"rm_score": reward.score(out.sequences, out.attention_mask)} if reward is not None else {}
-        values |= {"kl": ((logp - ref) * mask).sum(1), "response_length": mask.sum(1).float()}
+        if ref is not None:
+            logp = response_logprobs(self.policy, out.sequences, out.attention_mask, R, h.temperature)
+            values["kl"] = ((logp - ref) * mask).sum(1)
+        values["response_length"] = mask.sum(1).float()
         texts = decode_responses(tok, out.responses, mask)
         log_judged(self, batch, stage, batch_idx, texts, values, prog_bar=("judge_score", "rm_score"))
+
+
+class ManualSteps:
+    """What the RL tasks that step their optimizer themselves in ``training_step`` share (PPO, GRPO:
+    ``automatic_optimization = False``, several updates per batch of prompts): ``trainer.max_steps`` and the
+    schedule count optimizer steps, gradients are clipped to ``hparams.max_grad_norm`` where automatic
+    optimization clips, and statistics are summed over DDP ranks."""
+
+    @property
+    def optimizer_steps_per_batch(self) -> int:
+        """Optimizer steps of one iteration (a training batch); the progress bar counts iterations."""
+        raise NotImplementedError
+
+    def total_steps(self) -> int:
+        if self.trainer.max_steps > 0:
+            return self.trainer.max_steps  # manual optimisation: global_step counts optimizer steps already
+        return int(self.trainer.estimated_stepping_batches) * self.optimizer_steps_per_batch
+
+    def _all_reduce(self, stats: torch.Tensor) -> torch.Tensor:
+        return self.trainer.strategy.reduce(stats, reduce_op="sum") if self.trainer.world_size > 1 else stats
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Clip where automatic optimization clips: inside ``optimizer.step()``, after a GradScaler unscaled the
+        gradients (before it, as Lightning's manual-optimization examples do, the clip would act on scaled ones)."""
+        super().on_before_optimizer_step(optimizer)
+        if self.hparams.max_grad_norm:
+            self.clip_gradients(
+                optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm"
+            )

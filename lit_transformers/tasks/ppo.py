@@ -42,7 +42,7 @@ from lit_transformers.nn.rlhf import (
 )
 from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
-from lit_transformers.tasks.instruct import PolicyEvaluation, response_logprobs, rollout
+from lit_transformers.tasks.instruct import ManualSteps, PolicyEvaluation, response_logprobs, rollout
 from lit_transformers.tasks.lora import FrozenBase
 from lit_transformers.tasks.reward import gpt_or_scalar
 
@@ -72,7 +72,7 @@ def hf_dirs(init_from_hf: str | Mapping | None) -> dict[str, str]:
     return dirs
 
 
-class PPOTask(PolicyEvaluation, Task):
+class PPOTask(ManualSteps, PolicyEvaluation, Task):
     """Args (TRL's names and defaults where they exist):
         model: the GPT config spec shared by the four models.
         temperature: sampling temperature; log-probs are taken on ``logits / temperature``.
@@ -205,14 +205,6 @@ class PPOTask(PolicyEvaluation, Task):
         """Optimizer steps of one PPO iteration (a training batch); the progress bar counts iterations."""
         return self.hparams.num_ppo_epochs * self.hparams.num_mini_batches
 
-    def total_steps(self) -> int:
-        if self.trainer.max_steps > 0:
-            return self.trainer.max_steps  # manual optimisation: global_step counts optimizer steps already
-        return int(self.trainer.estimated_stepping_batches) * self.optimizer_steps_per_batch
-
-    def _all_reduce(self, stats: torch.Tensor) -> torch.Tensor:
-        return self.trainer.strategy.reduce(stats, reduce_op="sum") if self.trainer.world_size > 1 else stats
-
     # ---- one PPO iteration -------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -304,15 +296,6 @@ class PPOTask(PolicyEvaluation, Task):
         self.stage_clock.lap("update")
         self._log_iteration(exp, stats)
         self.stage_clock.log(self)
-
-    def on_before_optimizer_step(self, optimizer) -> None:
-        """Clip where automatic optimization clips: inside ``optimizer.step()``, after a GradScaler unscaled the
-        gradients (before it, as Lightning's manual-optimization examples do, the clip would act on scaled ones)."""
-        super().on_before_optimizer_step(optimizer)
-        if self.hparams.max_grad_norm:
-            self.clip_gradients(
-                optimizer, gradient_clip_val=self.hparams.max_grad_norm, gradient_clip_algorithm="norm"
-            )
 
     def _log_iteration(self, exp: dict, stats: dict) -> None:
         mask = exp["mask"]
