@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
 EXPERIMENTS = sorted(p.stem for p in (REPO / "lit_transformers" / "conf" / "experiment").glob("*.yaml"))
 # InstructGPT stages run their fast_dev_run at tiny sizes in tests/test_instructgpt.py
-INSTRUCT_EXPERIMENTS = ["gpt_sft", "gpt_reward", "gpt_ppo", "gpt_dpo"]
+INSTRUCT_EXPERIMENTS = ["gpt_sft", "gpt_reward", "gpt_ppo", "gpt_dpo", "gpt_grpo"]
 LM_EXPERIMENTS = [
     name for name in EXPERIMENTS if name.startswith("gpt") and name not in INSTRUCT_EXPERIMENTS
 ]  # image ones: tests/test_vit, test_clip

@@ -235,7 +235,7 @@ def test_reward_is_read_at_the_last_real_token_under_right_and_left_padding():
 
 
 def _stage_cfg(compose_cfg, experiment: str, *extra: str):
-    task = TINY_TASK if experiment in ("gpt_sft", "gpt_ppo", "gpt_dpo") else []
+    task = TINY_TASK if experiment in ("gpt_sft", "gpt_ppo", "gpt_dpo", "gpt_grpo") else []
     return compose_cfg(f"experiment={experiment}", *TINY, *TINY_DATA, *task, *extra)
 
 
@@ -264,6 +264,7 @@ def test_every_stage_runs_fast_dev_run(compose_cfg, experiment):
             "test/kl",
             "test/rewards/accuracies",
         ],
+        "gpt_grpo": ["reward", "reward_std", "kl", "train/time/generation_s", "test/judge_exact", "test/kl"],
     }[experiment]
     assert set(expected) <= set(metrics), sorted(metrics)
 

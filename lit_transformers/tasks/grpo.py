@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 import torch
 
+from lit_transformers.callbacks.throughput import StageClock
 from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPT, GPTConfig, ScalarGPT
 from lit_transformers.nn.generation import logprobs_of, padded_forward
@@ -31,7 +32,7 @@ from lit_transformers.tasks.instruct import (
     response_logprobs,
     rollout,
 )
-from lit_transformers.tasks.lora import adapters_disabled
+from lit_transformers.tasks.lora import FrozenBase
 from lit_transformers.tasks.reward import gpt_or_scalar
 from lit_transformers.tasks.rewards import parse_rewards, score_completions
 from lit_transformers.text.instructions import judge
@@ -109,6 +110,7 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
         self.uses_reward_model = any(r.name == "reward_model" for r in self.rewards)
         holds_reference = beta != 0 and self.hparams.lora is None  # under LoRA: the policy, adapters disabled
         self.frozen = ("reference",) * holds_reference + ("reward",) * self.uses_reward_model
+        self.stage_clock = StageClock()  # train/time/{generation,scoring,update}_s of each iteration
 
     # ---- models ------------------------------------------------------------------------------------
 
@@ -121,6 +123,8 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
         models = {"policy": policy}
         if "reference" in self.frozen:
             models["reference"] = copy.deepcopy(policy)  # equal to the policy also without init_from
+        elif self.hparams.beta:
+            self.reference = FrozenBase(policy)  # under LoRA: the policy with its adapters off, no copy
         if self.uses_reward_model:
             models["reward"] = ScalarGPT(policy.config)
             init_from = self.hparams.init_from
@@ -156,13 +160,8 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
         return self.hparams.num_iterations
 
     def reference_logprobs(self, sequences, attention_mask, n_response):
-        if self.hparams.lora is not None:
-            with adapters_disabled(self.policy):
-                return response_logprobs(
-                    self.policy, sequences, attention_mask, n_response, self.hparams.temperature
-                )
-        if "reference" not in self.frozen:
-            return None  # beta = 0: no reference held, no KL
+        if not self.hparams.beta:
+            return None  # no reference held, no KL
         return super().reference_logprobs(sequences, attention_mask, n_response)
 
     # ---- one GRPO iteration ------------------------------------------------------------------------
@@ -178,6 +177,7 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
         )
         answers = None if batch.get("answers") is None else [a for a in batch["answers"] for _ in range(G)]
         out = rollout(self.policy, tok, prompt_ids, prompt_mask, h.max_new_tokens, h.temperature)
+        self.stage_clock.lap("generation")
         seq, attn, R = out.sequences, out.attention_mask, out.responses.size(1)
         texts = decode_responses(tok, out.responses, out.response_mask)
         per_function = score_completions(
@@ -211,7 +211,9 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
     def training_step(self, batch, batch_idx):
         h = self.hparams
         self.policy.eval()  # dropout off: recomputed log-probs must match the sampled ones
+        self.stage_clock.start(self.device)
         exp = self.make_experience(batch)
+        self.stage_clock.lap("scoring")
         seq, attn, mask = exp["sequences"], exp["attention_mask"], exp["mask"]
         R = mask.size(1)
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
@@ -237,7 +239,9 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
             out["entropy"] = masked_entropy(logits.detach(), mask)
             for key, value in out.items():
                 stats.setdefault(key, []).append(value.detach())
+        self.stage_clock.lap("update")
         self._log_iteration(exp, stats, batch, batch_idx)
+        self.stage_clock.log(self)
 
     def _log_iteration(self, exp: dict, stats: dict, batch, batch_idx: int) -> None:
         """TRL's GRPO metrics (``reward``, ``reward_std``, ``frac_reward_zero_std``, ``kl``, ``clip_ratio/*``,
