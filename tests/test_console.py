@@ -17,7 +17,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.custom_scalar import layout_pb2
 from tensorboard.plugins.hparams import plugin_data_pb2
 
-from lit_transformers.callbacks.console import LineProgressBar, TerminalProgressBar, progress_count
+from lit_transformers.callbacks.console import LineProgressBar, TerminalProgressBar
+from lit_transformers.callbacks.progress import progress_count
 
 from conftest import REPO, TINY_LM, cli_env
 

@@ -8,7 +8,6 @@ writes nothing there until it ends.
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import time
 from datetime import timedelta
@@ -19,7 +18,7 @@ from lightning.pytorch.utilities.model_summary import get_formatted_model_size, 
 from torch import nn
 from torchmetrics import Metric
 
-from lit_transformers.callbacks.progress import StepProgressBar
+from lit_transformers.callbacks.progress import StepProgressBar, progress_count
 
 
 def progress_bar() -> ProgressBar:
@@ -131,16 +130,6 @@ class LineProgressBar(ProgressBar):
         metrics = self.get_metrics(trainer, pl_module)
         shown = "  ".join(f"{k} {_number(v)}" for k, v in metrics.items() if k.startswith("val/"))
         print(f"validation at step {trainer.global_step}: {shown}", flush=True)
-
-
-def progress_count(trainer: L.Trainer) -> tuple[str, int, int]:
-    """(unit, done, total) of a training: optimizer steps, or the iterations of a task whose training batch steps
-    the optimizer several times and says how many in ``optimizer_steps_per_batch`` (PPO), the axis its scalars
-    are logged on."""
-    per_batch = getattr(trainer.lightning_module, "optimizer_steps_per_batch", 1)
-    steps = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
-    unit = "step" if per_batch == 1 else "iteration"
-    return unit, trainer.global_step // per_batch, math.ceil(steps / per_batch)
 
 
 def _number(value) -> str:
