@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -72,7 +72,7 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
     def __init__(
         self,
         model: dict | GPTConfig,
-        rewards: list | None = None,
+        rewards: Sequence[Mapping] = ({"judge": 1.0},),
         num_generations: int = 8,
         scale_rewards: str | bool = "group",
         loss_type: str = "dapo",
@@ -89,7 +89,7 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
         **task_args,
     ):
         model = decoder_spec(model, init_from_hf)
-        parsed = parse_rewards(rewards or [{"judge": 1.0}])
+        parsed = parse_rewards(rewards)
         if num_generations < 2:
             raise ValueError(f"task.num_generations={num_generations}: a group needs at least 2 completions")
         if scale_rewards not in SCALE_REWARDS:
