@@ -14,6 +14,7 @@ from torch import nn
 
 from lit_transformers.models import GPT, GPTConfig
 from lit_transformers.tasks.dpo import DPOTask
+from lit_transformers.tasks.grpo import GRPOTask
 from lit_transformers.tasks.ppo import PPOTask
 from lit_transformers.tasks.reward import RewardTask
 from lit_transformers.train import train
@@ -178,11 +179,12 @@ def test_reward_model_trains_adapters_and_its_scalar_head(tmp_path):
     assert _optimized(task) == {id(p) for p in task.parameters() if p.requires_grad}
 
 
-def test_ppo_under_lora_refuses_a_reference_model_of_its_own():
+@pytest.mark.parametrize("task_class", [PPOTask, DPOTask, GRPOTask])
+def test_policy_tasks_under_lora_refuse_a_reference_model_of_their_own(task_class):
     with pytest.raises(
         ValueError, match="task.init_from.reference name.* policy's frozen base with its adapters"
     ):
-        PPOTask(
+        task_class(
             model=GPTConfig(**TINY_GPT),
             optimizer=ADAM,
             init_from={"policy": "sft.ckpt", "reference": "other.ckpt", "reward": "rm.ckpt"},

@@ -15,7 +15,7 @@ from lit_transformers.nn.rlhf import DPO_LOSS_TYPES, chosen_nll, dpo_loss, dpo_s
 from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
 from lit_transformers.tasks.instruct import PolicyEvaluation
-from lit_transformers.tasks.lora import FrozenBase
+from lit_transformers.tasks.lora import FrozenBase, refuse_reference_source
 
 
 class DPOTask(PolicyEvaluation, Task):
@@ -62,6 +62,7 @@ class DPOTask(PolicyEvaluation, Task):
         model = decoder_spec(model, init_from_hf)
         super().__init__(**task_args)
         if self.hparams.lora is not None:
+            refuse_reference_source(self.hparams)
             self.frozen = ()  # no reference model: the policy's base, adapters off
         self.reference_cache: dict[tuple[str, int], torch.Tensor] = {}  # (split, index) -> (chosen, rejected)
 

@@ -32,7 +32,7 @@ from lit_transformers.tasks.instruct import (
     response_logprobs,
     rollout,
 )
-from lit_transformers.tasks.lora import FrozenBase
+from lit_transformers.tasks.lora import FrozenBase, refuse_reference_source
 from lit_transformers.tasks.reward import gpt_or_scalar
 from lit_transformers.tasks.rewards import parse_rewards, score_completions
 from lit_transformers.text.instructions import judge
@@ -108,6 +108,8 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
         self.rewards = parsed
         self.scale_rewards = SCALE_REWARDS[scale_rewards]
         self.uses_reward_model = any(r.name == "reward_model" for r in self.rewards)
+        if self.hparams.lora is not None:
+            refuse_reference_source(self.hparams)
         holds_reference = beta != 0 and self.hparams.lora is None  # under LoRA: the policy, adapters disabled
         self.frozen = ("reference",) * holds_reference + ("reward",) * self.uses_reward_model
         self.stage_clock = StageClock()  # train/time/{generation,scoring,update}_s of each iteration

@@ -245,6 +245,21 @@ def adapters_disabled(model: nn.Module) -> Iterator[nn.Module]:
             layer.enable_adapters(True)
 
 
+def refuse_reference_source(hparams: Mapping) -> None:
+    """Under LoRA a policy task's reference is its frozen base with the adapters off (:class:`FrozenBase`): a
+    reference named in ``init_from`` or ``init_from_hf`` would have no model to load into."""
+    named = [
+        f"task.{key}.reference"
+        for key in ("init_from", "init_from_hf")
+        if isinstance(hparams.get(key), Mapping) and hparams[key].get("reference")
+    ]
+    if named:
+        raise ValueError(
+            f"{' and '.join(named)} name(s) a reference model, but under task.lora the reference is the "
+            "policy's frozen base with its adapters off (no model of its own): drop reference from it"
+        )
+
+
 class FrozenBase:
     """``model`` called as its frozen base: each call runs with the adapters bypassed and dropout off, then
     restores both. A reference model without a second copy; a plain object, not a submodule, so nothing of it

@@ -43,7 +43,7 @@ from lit_transformers.nn.rlhf import (
 from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
 from lit_transformers.tasks.instruct import ManualSteps, PolicyEvaluation, response_logprobs, rollout
-from lit_transformers.tasks.lora import FrozenBase
+from lit_transformers.tasks.lora import FrozenBase, refuse_reference_source
 from lit_transformers.tasks.reward import gpt_or_scalar
 
 log = logging.getLogger(__name__)
@@ -128,17 +128,7 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
             raise ValueError(f"task.temperature={temperature}: PPO samples, so it needs a temperature > 0")
         super().__init__(**task_args)
         if self.hparams.lora is not None:  # the reference is the policy's base with the adapters off
-            sources = {key: self.hparams[key] for key in ("init_from", "init_from_hf")}
-            named = [
-                f"task.{k}.reference"
-                for k, v in sources.items()
-                if isinstance(v, Mapping) and v.get("reference")
-            ]
-            if named:
-                raise ValueError(
-                    f"{' and '.join(named)} name(s) a reference model, but under task.lora the reference is the "
-                    "policy's frozen base with its adapters off (no model of its own): drop reference from it"
-                )
+            refuse_reference_source(self.hparams)
             from_hf.pop("reference", None)
             self.frozen = ("reward",)
         self.hf_dirs = from_hf  # {model: directory}, loaded when the models are built
