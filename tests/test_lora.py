@@ -21,14 +21,8 @@ from lit_transformers.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from lit_transformers.tasks.causal_lm import CausalLMTask
 from lit_transformers.tasks.contrastive import ContrastiveTask
 from lit_transformers.tasks.image_classification import ImageClassificationTask
-from lit_transformers.tasks.lora import (
-    LoRASpec,
-    adapters_disabled,
-    add_adapters,
-    export_lora,
-    save_peft_adapter,
-    without_adapters,
-)
+from lit_transformers.tasks.lora import LoRASpec, adapters_disabled, add_adapters, without_adapters
+from lit_transformers.tasks.lora_export import export_lora, save_peft_adapter
 from lit_transformers.tasks.sequence_classification import SequenceClassificationTask
 from lit_transformers.tasks.sft import SFTTask
 from lit_transformers.tasks.specs import config_spec
