@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 
 from lit_transformers.generate import language_model
 from lit_transformers.models import GPT
-from lit_transformers.nn.rlhf import group_advantages, grpo_loss
+from lit_transformers.nn.rlhf import group_advantages, grpo_loss, sample_std
 from lit_transformers.tasks.instruct import response_logprobs
 from lit_transformers.tasks.rewards import parse_rewards, score_completions
 from lit_transformers.train import train
@@ -406,3 +406,14 @@ def test_chain_grpo_on_the_judge_starts_from_sft_alone_and_on_the_reward_model_n
         "Chain stage grpo starts from the reward model (init_from.reward)",
         "'stages=[pretrain,sft,reward,grpo]'",
     )
+
+
+def test_reward_std_is_the_std_over_every_rank_not_the_mean_of_the_ranks_stds():
+    rank0, rank1 = torch.tensor([0.0, 0.0, 1.0, 1.0]), torch.tensor([5.0, 5.0, 5.0])
+    other = torch.tensor(
+        [3.0, rank1.sum().item(), (rank1**2).sum().item()], dtype=torch.float64
+    )  # rank 1's moments
+    both = sample_std(rank0, all_reduce=lambda moments: moments + other)
+    assert both.item() == pytest.approx(torch.cat([rank0, rank1]).double().std().item(), abs=1e-6)
+    assert both.item() != pytest.approx((rank0.std() + rank1.std()).item() / 2)
+    assert sample_std(rank0).item() == pytest.approx(rank0.std().item(), abs=1e-7)  # one process: torch's

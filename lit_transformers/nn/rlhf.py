@@ -154,6 +154,17 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, all_reduce: AllReduce | Non
     return stats[0] / stats[1].clamp(min=1)
 
 
+def sample_std(x: torch.Tensor, all_reduce: AllReduce | None = None) -> torch.Tensor:
+    """Unbiased standard deviation of ``x`` over every rank's values (TRL's ``reward_std``, taken after it gathers
+    the completions); from the summed count, sum and sum of squares, in float64 against cancellation."""
+    moments = torch.stack([x.new_tensor(x.numel()), x.sum(), (x * x).sum()]).double()
+    if all_reduce is not None:
+        moments = all_reduce(moments)
+    n, total, squares = moments
+    variance = (squares - total * total / n) / (n - 1).clamp(min=1)
+    return variance.clamp(min=0).sqrt().to(x.dtype)
+
+
 def masked_whiten(
     x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, all_reduce: AllReduce | None = None
 ) -> torch.Tensor:

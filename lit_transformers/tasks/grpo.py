@@ -22,7 +22,14 @@ from lit_transformers.callbacks.throughput import StageClock
 from lit_transformers.contract import TokenizedText
 from lit_transformers.models import GPT, GPTConfig, ScalarGPT
 from lit_transformers.nn.generation import logprobs_of, padded_forward
-from lit_transformers.nn.rlhf import GRPO_LOSS_TYPES, group_advantages, grpo_loss, masked_entropy, masked_mean
+from lit_transformers.nn.rlhf import (
+    GRPO_LOSS_TYPES,
+    group_advantages,
+    grpo_loss,
+    masked_entropy,
+    masked_mean,
+    sample_std,
+)
 from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
 from lit_transformers.tasks.instruct import (
@@ -248,37 +255,39 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
     def _log_iteration(self, exp: dict, stats: dict, batch, batch_idx: int) -> None:
         """TRL's GRPO metrics (``reward``, ``reward_std``, ``frac_reward_zero_std``, ``kl``, ``clip_ratio/*``,
         ``entropy``, ``completions/*``, ``rewards/<function>/{mean,std}``), the judge of the sampled completions,
-        and now and then a table of one group's completions with their rewards."""
+        and now and then a table of one group's completions with their rewards (log_table rounds them)."""
         logged = {("train/loss" if k == "loss" else k): torch.stack(v).mean() for k, v in stats.items()}
         lengths, rewards = exp["lengths"], exp["rewards"]
         logged |= {
             "reward": rewards.mean(),
-            "reward_std": rewards.std(),
+            "reward_std": sample_std(rewards, self._all_reduce),  # over all ranks' completions, as TRL's
             "frac_reward_zero_std": exp["zero_std"].float().mean(),
             "completions/mean_length": lengths.mean(),
-            "completions/min_length": lengths.min(),
-            "completions/max_length": lengths.max(),
             "completions/clipped_ratio": (~exp["has_eos"]).float().mean(),
             "policy/ratio_first": self.first_ratio,
         }
         names = [reward_key(r) for r in self.rewards]
         for name, column in zip(names, exp["per_function"].unbind(1)):
-            logged |= {f"rewards/{name}/mean": column.mean(), f"rewards/{name}/std": column.std()}
+            logged |= {
+                f"rewards/{name}/mean": column.mean(),
+                f"rewards/{name}/std": sample_std(column, self._all_reduce),
+            }
+        steps = {"on_step": True, "on_epoch": False, "sync_dist": True}
+        self.log("completions/min_length", lengths.min(), reduce_fx="min", **steps)  # over every rank
+        self.log("completions/max_length", lengths.max(), reduce_fx="max", **steps)
         if exp["answers"] is not None:
             verdicts = torch.tensor(
                 [judge(t, a) for t, a in zip(exp["texts"], exp["answers"])], device=self.device
             )
             logged |= {"train/judge_exact": verdicts[:, 0].mean(), "train/judge_score": verdicts[:, 1].mean()}
         for key, value in logged.items():
-            self.log(
-                key, value, on_step=True, on_epoch=False, prog_bar=key in ("reward", "kl"), sync_dist=True
-            )
+            self.log(key, value, prog_bar=key in ("reward", "kl"), **steps)
         if batch_idx % self.trainer.log_every_n_steps == 0:
             G, tok = self.hparams.num_generations, self.require_tokenizer()
             prompt = tok.decode(batch["prompt_ids"][0][batch["prompt_mask"][0].bool()].tolist())
             rows = [
-                [prompt, exp["texts"][i], *(round(float(v), 3) for v in exp["per_function"][i]),
-                 round(float(rewards[i]), 3), round(float(exp["advantages"][i]), 3)]
+                [prompt, exp["texts"][i], *exp["per_function"][i].tolist(), float(rewards[i]),
+                 float(exp["advantages"][i])]
                 for i in range(G)
             ]  # fmt: skip
             log_table(
