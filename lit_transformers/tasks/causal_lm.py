@@ -38,6 +38,14 @@ def load_hf_decoder(task: Task, path: str, what: str) -> GPT:
     return model
 
 
+def build_decoder(task: Task, what: str) -> GPT:
+    """The task's decoder: its ``init_from_hf`` directory's (:func:`load_hf_decoder`), else a new GPT from
+    ``hparams.model`` at the tokenizer's vocabulary."""
+    if task.hparams.init_from_hf:
+        return load_hf_decoder(task, task.hparams.init_from_hf, what)
+    return GPT(task.text_model_config(vocab_size=lambda tok: tok.vocab_size))
+
+
 class CausalLMTask(Task):
     """Args: ``model``, the GPT config spec (``vocab_size: null`` takes the tokenizer's); ``init_from_hf``: a
     Hugging Face GPT-2 / Llama / Qwen2 / Mistral directory whose config replaces the spec and whose weights
@@ -53,10 +61,7 @@ class CausalLMTask(Task):
         self.track_best("val/loss", "min")
 
     def build_model(self) -> GPT:
-        if self.hparams.init_from_hf:
-            model = load_hf_decoder(self, self.hparams.init_from_hf, "GPT")
-            return model
-        return GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
+        return build_decoder(self, "GPT")
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids)

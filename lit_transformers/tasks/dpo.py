@@ -9,11 +9,11 @@ from collections.abc import Mapping
 import torch
 
 from lit_transformers.contract import TokenizedText
-from lit_transformers.models import GPT, GPTConfig
+from lit_transformers.models import GPTConfig
 from lit_transformers.nn import token_logprobs
 from lit_transformers.nn.rlhf import DPO_LOSS_TYPES, chosen_nll, dpo_loss, dpo_sequence_logprobs
 from lit_transformers.tasks.base import Task
-from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
+from lit_transformers.tasks.causal_lm import build_decoder, decoder_spec
 from lit_transformers.tasks.instruct import PolicyEvaluation
 from lit_transformers.tasks.lora import FrozenBase, refuse_reference_source
 
@@ -67,11 +67,7 @@ class DPOTask(PolicyEvaluation, Task):
         self.reference_cache: dict[tuple[str, int], torch.Tensor] = {}  # (split, index) -> (chosen, rejected)
 
     def build_models(self) -> dict:
-        path = self.hparams.init_from_hf
-        if path:
-            policy = load_hf_decoder(self, path, "policy and reference")
-        else:
-            policy = GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
+        policy = build_decoder(self, "policy and reference")
         if self.hparams.lora is not None:
             self.reference = FrozenBase(policy)
             return {"policy": policy}

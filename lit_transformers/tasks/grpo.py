@@ -20,7 +20,7 @@ import torch
 
 from lit_transformers.callbacks.throughput import StageClock
 from lit_transformers.contract import TokenizedText
-from lit_transformers.models import GPT, GPTConfig, ScalarGPT
+from lit_transformers.models import GPTConfig, ScalarGPT
 from lit_transformers.nn.generation import logprobs_of, padded_forward
 from lit_transformers.nn.rlhf import (
     GRPO_LOSS_TYPES,
@@ -31,7 +31,7 @@ from lit_transformers.nn.rlhf import (
     sample_std,
 )
 from lit_transformers.tasks.base import Task
-from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
+from lit_transformers.tasks.causal_lm import build_decoder, decoder_spec
 from lit_transformers.tasks.instruct import (
     ManualSteps,
     PolicyEvaluation,
@@ -124,11 +124,7 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
     # ---- models ------------------------------------------------------------------------------------
 
     def build_models(self) -> dict:
-        path = self.hparams.init_from_hf
-        if path:
-            policy = load_hf_decoder(self, path, "GRPO policy")
-        else:
-            policy = GPT(self.text_model_config(vocab_size=lambda tok: tok.vocab_size))
+        policy = build_decoder(self, "GRPO policy")
         models = {"policy": policy}
         if "reference" in self.frozen:
             models["reference"] = copy.deepcopy(policy)  # equal to the policy also without init_from
