@@ -15,6 +15,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from lit_transformers.tasks.lora import BASE_SOURCES
 from lit_transformers.utils.checkpoints import (
     check_task_fits,
     read_checkpoint,
@@ -63,8 +64,9 @@ def warn_nothing_to_test(cfg: DictConfig, trainer: L.Trainer) -> None:
     """Says why there is no checkpoint to test, so the current weights are tested; a run that trains nothing
     and starts from pretrained weights (experiment=clip_zero_shot) tests those, which needs no warning."""
     checkpoints = trainer.checkpoint_callback
-    keys = ("init_from", "init_from_hf", "init_from_open_clip")  # the task keys that load pretrained weights
-    pretrained = [f"task.{key}" for key in keys if cfg.task.get(key)]
+    pretrained = [
+        f"task.{key}" for key in BASE_SOURCES if cfg.task.get(key)
+    ]  # keys that load pretrained weights
     if not cfg.train and pretrained:
         log.info("Nothing trains: testing the weights that %s loaded", " and ".join(pretrained))
         return
