@@ -60,8 +60,9 @@ NEEDS = {
     "label": {"model": "sft"},
     "reward": {"model": "sft"},
     "ppo": {"policy": "sft", "reward": "reward"},
-    # the reward model only for a reward_model reward (stage_needs)
+    # the reward model only for a reward_model reward (stage_needs); grpo_rm: GRPO rewarded by the reward model
     "grpo": {"policy": "sft", "reward": "reward"},
+    "grpo_rm": {"policy": "sft", "reward": "reward"},
     "dpo": {"model": "sft"},
 }
 TRAINED = {
@@ -81,7 +82,7 @@ def given_checkpoints(overrides: list[str]) -> dict[str, str]:
 
 def stage_needs(cfg: DictConfig, stage: str) -> dict[str, str]:
     """``NEEDS[stage]``, less GRPO's reward model when its ``task.rewards`` (the judge alone, say) do not use it."""
-    if stage != "grpo":
+    if stage not in ("grpo", "grpo_rm"):
         return NEEDS[stage]
     rewards = compose("train", overrides=[*cfg.stage_configs[stage], *cfg.common]).task.rewards
     if any("reward_model" in entry for entry in rewards):
@@ -188,6 +189,15 @@ def stage_overrides(stage: str, sources: dict[str, str], done: dict[str, dict]) 
     return overrides
 
 
+def chain_data(cfg: DictConfig, stage: str) -> list[str]:
+    """The chain's instruction-data keys (``data.kinds=hard``) as overrides of every stage after pretrain, before the
+    stage's own overrides (which win); null keys leave each stage its own."""
+    if stage == "pretrain":
+        return []
+    given = OmegaConf.to_container(cfg.data)
+    return [f"data.{key}={json.dumps(value)}" for key, value in given.items() if value is not None]
+
+
 def compose_stage(overrides: list[str], output_dir: Path, parent: str | None) -> DictConfig:
     """A stage's train config, composed as train.py composes it, writing into ``output_dir``, its model config
     the ``parent`` checkpoint's (whose weights it starts from), so the data's lengths follow it too."""
@@ -278,6 +288,7 @@ def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
         preset = [f"model={CHAIN_MODEL}"] if hub or not sources else []
         overrides = [
             *preset,
+            *chain_data(cfg, stage),
             *cfg.stage_configs[stage],
             *cfg.common,
             *stage_overrides(stage, sources, done),

@@ -56,8 +56,22 @@ def _tiny_chain(run_dir, stages: list[str], cache_dir, *chain_overrides: str):
 
 
 def test_chain_runs_every_stage_feeds_the_next_and_resumes(tmp_path, cache_dir, capsys):
-    cfg = _tiny_chain(tmp_path / "run", ["pretrain", "sft", "label", "reward", "ppo", "dpo"], cache_dir)
+    cfg = _tiny_chain(
+        tmp_path / "run",
+        ["pretrain", "sft", "label", "reward", "ppo", "dpo"],
+        cache_dir,
+        "data.kinds=[sort,last]",
+    )
     summary = chain(cfg)
+    for stage in (
+        "sft",
+        "label",
+        "reward",
+        "ppo",
+        "dpo",
+    ):  # the chain's data keys reach every instruction stage
+        kinds = OmegaConf.load(tmp_path / "run" / stage / "config_resolved.yaml").data.kinds
+        assert kinds == ["sort", "last"], stage
     assert list(summary) == ["pretrain", "sft", "label", "reward", "ppo", "dpo"]
     assert {"judge_score", "judge_exact"} <= set(summary["sft"]) and "accuracy" in summary["reward"]
     # the judge ranked the SFT policy's samples: every pair prefers the better verdict; RM and DPO train on them

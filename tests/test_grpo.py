@@ -406,6 +406,10 @@ def test_chain_grpo_on_the_judge_starts_from_sft_alone_and_on_the_reward_model_n
         "Chain stage grpo starts from the reward model (init_from.reward)",
         "'stages=[pretrain,sft,reward,grpo]'",
     )
+    cfg.stages = ["pretrain", "sft", "grpo_rm"]  # the stage of GRPO on the reward model, as configured
+    assert_user_error(
+        lambda: chain(cfg), "Chain stage grpo_rm starts from the reward model (init_from.reward)"
+    )
 
 
 def test_reward_std_is_the_std_over_every_rank_not_the_mean_of_the_ranks_stds():

@@ -24,7 +24,9 @@ class TextDataModule(CollatedSplits):
 
     tokenizer_kind = "bpe"  # the kind trained when the family has no ``tokenizer`` argument to choose it
     # arguments that change how examples are batched or where files go, never the texts a tokenizer learns from
-    tokenizer_independent = frozenset({"batch_size", "num_workers", "cache_dir", "tokenizer_path"})
+    tokenizer_independent = frozenset(
+        {"batch_size", "eval_batch_size", "num_workers", "cache_dir", "tokenizer_path"}
+    )
     length_key: str | None = (
         None  # the argument bounding every split's sequences, in tokens (e.g. max_seq_len)
     )

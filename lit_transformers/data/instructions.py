@@ -161,6 +161,7 @@ class InstructionDataModule(TextDataModule):
         max_length: int = 128,
         packing: bool = False,
         batch_size: int = 32,
+        eval_batch_size: int | None = None,
         encoding: str = "utf-8",
         **shared,
     ):

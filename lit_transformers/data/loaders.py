@@ -92,16 +92,17 @@ def make_loader(
 class CollatedSplits(L.LightningDataModule):
     """The loaders of a datamodule that keeps each split in ``self.datasets[split]`` (a dataset or a list) and
     batches it with ``self.collate`` (None: torch's default): shuffled and resumable for training, each sample
-    once for evaluation."""
+    once for evaluation, in batches of ``eval_batch_size`` where the family has one and it is set."""
 
     datasets: dict[str, Dataset]
     collate = None
 
     def _dataloader(self, split: str, shuffle: bool) -> DataLoader:
         h = self.hparams
+        batch_size = h.batch_size if shuffle else h.get("eval_batch_size") or h.batch_size
         return make_loader(
             self.datasets[split],
-            h.batch_size,
+            batch_size,
             shuffle,
             h.num_workers,
             self.collate,
