@@ -23,7 +23,11 @@ from torch.optim.lr_scheduler import LRScheduler
 from lit_transformers.contract import check_data
 from lit_transformers.tasks import lora as lora_adapters
 from lit_transformers.tasks.eval_metrics import EvalMetrics
-from lit_transformers.tasks.init_from import as_override, load_parent, parent_model_config  # noqa: F401 (re-exported)
+from lit_transformers.tasks.init_from import (
+    as_override,  # noqa: F401 (re-exported)
+    load_parent,
+    parent_model_config,  # noqa: F401 (re-exported)
+)
 from lit_transformers.tasks.optim import decay_groups, unrefused_clipping
 from lit_transformers.tasks.specs import build_config, build_from_spec
 from lit_transformers.text import Tokenizer
