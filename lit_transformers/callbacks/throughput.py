@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 import lightning as L
 import torch
@@ -49,7 +50,41 @@ class BatchCount:
     flops: int | None = None  # training FLOPs (forward + backward) of the model, None where not counted
 
 
-def count_batch(pl_module: L.LightningModule, batch) -> BatchCount:
+class ModelFlops:
+    """The training FLOPs of a task's model (``nn.flops``): the part its weights make, a walk over the modules,
+    counted once; per batch only the attention's part, which grows with the batch's length. :class:`Throughput`
+    builds it at fit start, once ``configure_model`` has added any LoRA adapters (tokens pass through theirs)."""
+
+    def __init__(self, model: torch.nn.Module | None):
+        self.model = model
+        count = getattr(model, "weight_flops_per_token", None)
+        # per token (GPT, BERT) or (per source token, per target token) (translation); None: not counted
+        self.weights_per_token: int | tuple[int, int] | None = count and count()
+
+    @cached_property
+    def per_image(self) -> int | None:
+        """Per image of a timm ViT (attention included: every image has as many tokens); None for other models.
+        Counted at the first image batch, so that only image runs import timm."""
+        from lit_transformers.models.backbone import vit_flops_per_image
+
+        return vit_flops_per_image(self.model)
+
+    def per_token(self, seq_len: int) -> int | None:
+        """Per token of a ``seq_len``-token batch (GPT, BERT); None for models that do not count their FLOPs."""
+        if self.weights_per_token is None:
+            return None
+        return self.weights_per_token + self.model.attention_flops_per_token(seq_len)
+
+    def per_source_and_target_token(self, src_len: int, tgt_len: int) -> tuple[int, int]:
+        """Per source token and per target token of a translation batch (``Seq2SeqTransformer``)."""
+        (source, target), attention = (
+            self.weights_per_token,
+            self.model.attention_flops_per_token(src_len, tgt_len),
+        )
+        return source + attention[0], target + attention[1]
+
+
+def count_batch(pl_module: L.LightningModule, batch, flops: ModelFlops | None = None) -> BatchCount:
     """What one training batch holds, read from the layouts of ``lit_transformers.data``'s collators:
 
     - preference pairs (reward, DPO: ``pair_mask``): pairs, and the real tokens of both responses' rows;
@@ -61,20 +96,18 @@ def count_batch(pl_module: L.LightningModule, batch) -> BatchCount:
     - prompts (PPO, GRPO: ``prompt_ids`` alone): prompts, a whole iteration each (see :class:`StageClock`).
 
     FLOPs are counted on the real tokens at the batch's padded length (attention spans it): padding is compute
-    the model did not need, so it lowers MFU.
+    the model did not need, so it lowers MFU. ``flops``: the module's model's, where the caller keeps one for the
+    run (:class:`Throughput`); None counts them afresh.
     """
-    model = getattr(pl_module, "model", None)
+    flops = flops or ModelFlops(getattr(pl_module, "model", None))
     if isinstance(batch, (list, tuple)):
-        from lit_transformers.models.backbone import vit_flops_per_image  # timm, imported by image runs only
-
         images = batch[0]
-        flops = vit_flops_per_image(model)
-        return BatchCount(images.size(0), None, flops and flops * images.size(0))
+        return BatchCount(images.size(0), None, flops.per_image and flops.per_image * images.size(0))
     if "pair_mask" in batch:  # chosen rows, then rejected ones
         return BatchCount(batch["pair_mask"].size(0) // 2, int(batch["pair_mask"].sum()))
     if "src_valid" in batch:
         src, tgt = batch["src_valid"], batch["tgt_valid"]
-        per_source, per_target = model.flops_per_token(src.size(1), tgt.size(1))
+        per_source, per_target = flops.per_source_and_target_token(src.size(1), tgt.size(1))
         src_tokens, tgt_tokens = int(src.sum()), int(tgt.sum())
         return BatchCount(src.size(0), tgt_tokens, per_source * src_tokens + per_target * tgt_tokens)
     if "image" in batch:
@@ -87,8 +120,8 @@ def count_batch(pl_module: L.LightningModule, batch) -> BatchCount:
             tokens = int(mask.sum())
         else:  # no mask, or a packed batch's (R, 1, T, T) one
             tokens = ids.numel() if pad_id is None else int((ids != pad_id).sum())
-        flops_per_token = getattr(model, "flops_per_token", None)
-        return BatchCount(ids.size(0), tokens, flops_per_token and flops_per_token(ids.size(1)) * tokens)
+        per_token = flops.per_token(ids.size(1))
+        return BatchCount(ids.size(0), tokens, per_token and per_token * tokens)
     return BatchCount(batch["prompt_ids"].size(0))
 
 
@@ -114,6 +147,7 @@ class Throughput(L.Callback):
         self._last: float | None = None  # end of the previous step, moved later by the pauses since
         self._paused: float | None = None  # when the clock stopped
         self.clock = time.perf_counter  # seconds; a test swaps in a clock it moves by hand
+        self._flops: ModelFlops | None = None  # the model's, counted at fit start
 
     def _peak(self, trainer, pl_module) -> float:
         if self.peak_flops is None:
@@ -123,6 +157,9 @@ class Throughput(L.Callback):
                 self._pause()  # seconds of matmuls, at the first step that has FLOPs: not training time
                 self.peak_flops = matmul_flops(pl_module.device, dtype)
         return self.peak_flops
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._flops = ModelFlops(getattr(pl_module, "model", None))
 
     # validation, checkpoint writing and the turn of an epoch are not training time: they stop the clock, and
     # the next training batch restarts it
@@ -148,7 +185,7 @@ class Throughput(L.Callback):
         synchronize(pl_module.device)
         now = self.clock()
         if self._last is not None:
-            count, scale = count_batch(pl_module, batch), trainer.world_size / (now - self._last)
+            count, scale = count_batch(pl_module, batch, self._flops), trainer.world_size / (now - self._last)
             rates = {"train/samples_per_sec": count.samples * scale}
             if count.tokens is not None:
                 rates["train/tokens_per_sec"] = count.tokens * scale

@@ -92,10 +92,15 @@ class BERT(nn.Module):
         """Training FLOPs per token of the encoder in a ``seq_len``-token batch: 6 per weight of the blocks'
         matmuls plus attention, 12 * n_layer * seq_len * d_model (``nn.flops``). The heads are left out: the
         pooler and NSP run once per sequence, the MLM head on the masked positions only."""
-        c = self.config
-        return TRAINING_FLOPS_PER_WEIGHT * linear_weights(self.blocks) + attention_flops(
-            c.n_layer, seq_len, c.d_model
-        )
+        return self.weight_flops_per_token() + self.attention_flops_per_token(seq_len)
+
+    def weight_flops_per_token(self) -> int:
+        """The weights' part of :meth:`flops_per_token`: fixed for a run, but a walk over the modules."""
+        return TRAINING_FLOPS_PER_WEIGHT * linear_weights(self.blocks)
+
+    def attention_flops_per_token(self, seq_len: int) -> int:
+        """The attention's part of :meth:`flops_per_token`, the one that grows with the batch's length."""
+        return attention_flops(self.config.n_layer, seq_len, self.config.d_model)
 
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         B, T = input_ids.shape

@@ -139,12 +139,19 @@ class GPT(nn.Module):
         backward matmuls) plus the attention scores and weighted values, 12 * n_layer * seq_len * n_head *
         head_size (PaLM, appendix B, where n_head * head_size = d_model; ``nn.flops``). An untied token embedding
         is a lookup, not a matmul: left out."""
-        c = self.config
+        return self.weight_flops_per_token() + self.attention_flops_per_token(seq_len)
+
+    def weight_flops_per_token(self) -> int:
+        """The weights' part of :meth:`flops_per_token`: fixed for a run, but a walk over the parameters."""
         weights = self.num_params(non_embedding=True)
-        if not c.tie_embeddings:
+        if not self.config.tie_embeddings:
             weights -= self.tok_emb.weight.numel()
-        span = seq_len or c.block_size
-        return TRAINING_FLOPS_PER_WEIGHT * weights + attention_flops(c.n_layer, span, c.n_head * c.head_size)
+        return TRAINING_FLOPS_PER_WEIGHT * weights
+
+    def attention_flops_per_token(self, seq_len: int | None = None) -> int:
+        """The attention's part of :meth:`flops_per_token`, the one that grows with the sequence's length."""
+        c = self.config
+        return attention_flops(c.n_layer, seq_len or c.block_size, c.n_head * c.head_size)
 
     def new_caches(self, batch_size: int, max_len: int, device=None, dtype=None) -> list[LayerCache]:
         """Empty per-layer KV caches for incremental decoding (see ``lit_transformers.nn.generate``): each

@@ -164,16 +164,21 @@ class Seq2SeqTransformer(nn.Module):
         attention layer. A source token: the encoder blocks, self-attention over src_len, and the projection to
         every decoder layer's cross-attention keys/values. A target token: the decoder blocks but those, the
         output layer, self-attention over tgt_len and cross-attention over src_len."""
-        c = self.config
+        weights, attention = self.weight_flops_per_token(), self.attention_flops_per_token(src_len, tgt_len)
+        return weights[0] + attention[0], weights[1] + attention[1]
+
+    def weight_flops_per_token(self) -> tuple[int, int]:
+        """The weights' part of :meth:`flops_per_token`: fixed for a run, but a walk over the modules."""
         cross_kv = sum(block.cross_attn.kv_proj.weight.numel() for block in self.decoder)
-        source = TRAINING_FLOPS_PER_WEIGHT * (linear_weights(self.encoder) + cross_kv) + attention_flops(
-            c.n_encoder_layer, src_len, c.d_model
-        )
-        target_weights = linear_weights(self.decoder) - cross_kv + self.output.weight.numel()
-        target = TRAINING_FLOPS_PER_WEIGHT * target_weights + attention_flops(
-            c.n_decoder_layer, tgt_len + src_len, c.d_model
-        )
-        return source, target
+        source = linear_weights(self.encoder) + cross_kv
+        target = linear_weights(self.decoder) - cross_kv + self.output.weight.numel()
+        return TRAINING_FLOPS_PER_WEIGHT * source, TRAINING_FLOPS_PER_WEIGHT * target
+
+    def attention_flops_per_token(self, src_len: int, tgt_len: int) -> tuple[int, int]:
+        """The attention's part of :meth:`flops_per_token`, the one that grows with the batch's lengths."""
+        c = self.config
+        source = attention_flops(c.n_encoder_layer, src_len, c.d_model)
+        return source, attention_flops(c.n_decoder_layer, tgt_len + src_len, c.d_model)
 
     def _embed(self, embedding: nn.Embedding, ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         x = embedding(ids) * self.embed_scale

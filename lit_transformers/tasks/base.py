@@ -1,5 +1,7 @@
-"""What every training objective shares: models built from plain config, ``init_from``, frozen submodules,
-optimiser and schedule from config, tokenizer in the checkpoint, grad-norm logging.
+"""What every training objective shares: models built from plain config, ``init_from`` (loaded by
+:mod:`~lit_transformers.tasks.init_from`), frozen submodules, optimiser and schedule from config, tokenizer in
+the checkpoint, grad-norm logging, and (from :class:`~lit_transformers.tasks.eval_metrics.EvalMetrics`) split-wide
+means and bests that survive a resume.
 
 Hyperparameters are plain containers (dicts, lists, numbers, strings), from which ``tasks/specs.py`` builds
 the model configs, optimizer and schedule, on load as on training.
@@ -13,42 +15,24 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from unittest.mock import patch
 
-import lightning as L
 import torch
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
-from torchmetrics import MaxMetric, MeanMetric, MinMetric
 
 from lit_transformers.contract import check_data
 from lit_transformers.tasks import lora as lora_adapters
+from lit_transformers.tasks.eval_metrics import EvalMetrics
+from lit_transformers.tasks.init_from import (
+    as_override,  # noqa: F401 (re-exported)
+    load_parent,
+    parent_model_config,  # noqa: F401 (re-exported)
+)
 from lit_transformers.tasks.optim import decay_groups, unrefused_clipping
-from lit_transformers.tasks.specs import build_config, build_from_spec, load_weights, model_weights
+from lit_transformers.tasks.specs import build_config, build_from_spec
 from lit_transformers.text import Tokenizer
-from lit_transformers.utils.checkpoints import read_checkpoint
 
 log = logging.getLogger(__name__)
-
-# model config fields that say how a model trains, not what it is: a run may set them apart from its init_from parent
-TRAINING_FIELDS = ("dropout", "attn_dropout", "activation_checkpointing")
-
-
-def parent_model_config(checkpoint: Mapping, ours: Mapping) -> dict:
-    """The fields of the model config that ``checkpoint`` was trained with which its weights depend on (all but
-    :data:`TRAINING_FIELDS`) and which differ from ``ours``; none for another kind of model (``_target_``)."""
-    theirs = checkpoint.get("hyper_parameters", {}).get("model") or {}
-    if theirs.get("_target_") != ours.get("_target_"):
-        return {}
-    return {
-        k: v
-        for k, v in theirs.items()
-        if k not in TRAINING_FIELDS and not k.startswith("_") and ours.get(k) != v
-    }
-
-
-def as_override(value) -> str:
-    """``value`` as a command-line override writes it (``null``, ``true``)."""
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @contextmanager
@@ -63,7 +47,7 @@ def eval_mode(module: nn.Module) -> Iterator[nn.Module]:
         module.train(was_training)
 
 
-class Task(L.LightningModule):
+class Task(EvalMetrics):
     """Base of every task. Subclasses implement ``build_model()`` (or ``build_models()`` for several named
     models) and the step methods. Models are built in ``configure_model`` so that they can depend on the
     datamodule (vocabulary, class names) and are built once per rank (FSDP-friendly). The datamodule comes
@@ -113,7 +97,6 @@ class Task(L.LightningModule):
         self.tokenizer = Tokenizer.from_state(tokenizer) if tokenizer else None
         self.data = None  # the datamodule, set by connect_data
         self._built = False
-        self.eval_means = nn.ModuleDict()  # the running means of log_mean, one per logged key
 
     # ---- data ----------------------------------------------------------------------------------
 
@@ -238,43 +221,11 @@ class Task(L.LightningModule):
         return [name for name in self.model_names if name not in self.frozen]
 
     def _load_init_from(self, init_from: str | Mapping) -> None:
+        """A checkpoint into ``model``, or each ``{submodule: checkpoint}`` into its submodule (:func:`load_parent`);
+        tasks with other model names map ``init_from`` onto them first."""
         targets = {"model": init_from} if isinstance(init_from, str) else dict(init_from)
         for target, path in targets.items():
-            prefix = f"{target}."
-            new = tuple(h.removeprefix(prefix) for h in self.new_heads if h.startswith(prefix))
-            checkpoint = read_checkpoint(path, "init_from", self.hparams.trust_checkpoint)
-            parent_state = checkpoint.get("hyper_parameters", {}).get("tokenizer")
-            parent = Tokenizer.from_state(parent_state) if parent_state else None
-            if parent is not None and self.tokenizer is not None and parent != self.tokenizer:
-                raise ValueError(
-                    f"init_from={path} was trained with a different tokenizer ({parent.vocab_size} tokens) than "
-                    f"this run's data ({self.tokenizer.vocab_size} tokens); set data.tokenizer_path={path} "
-                    "to train with the parent's tokenizer"
-                )
-            weights = checkpoint
-            if "lora_base" in checkpoint:  # adapters only: the parent's model rebuilt on its base, merged
-                weights = lora_adapters.merged_weights(checkpoint, path, self.hparams.trust_checkpoint)
-            dropped = tuple(h.removeprefix(prefix) for h in self.dropped_heads if h.startswith(prefix))
-            if dropped:  # e.g. a classifier fine-tuned from a pretraining checkpoint leaves its MLM/NSP heads
-                weights = {k: v for k, v in model_weights(weights).items() if not k.startswith(dropped)}
-            try:
-                fresh = load_weights(self.get_submodule(target), path, new, weights)
-            except ValueError as err:
-                ours = self.hparams.get("model") or {}
-                differ = parent_model_config(checkpoint, ours)
-                if not differ:
-                    raise
-                raise ValueError(
-                    f"init_from={path} was trained with another model config than this run's "
-                    f"({', '.join(f'model.{k}={as_override(ours.get(k))}' for k in differ)}), and its weights fit "
-                    f"only its own: add {' '.join(f'model.{k}={as_override(v)}' for k, v in differ.items())}"
-                ) from err
-            log.info(
-                "init_from: loaded %s into %s%s",
-                path,
-                target,
-                f"; new (not in the checkpoint): {', '.join(prefix + k for k in fresh)}" if fresh else "",
-            )
+            load_parent(self, target, path)
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -325,45 +276,7 @@ class Task(L.LightningModule):
         if grads:
             self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), on_step=True, on_epoch=False)
 
-    # ---- metrics and files -----------------------------------------------------------------------
-
-    def eval_mean(self, key: str) -> MeanMetric:
-        """The running mean behind :meth:`log_mean`'s ``key``, made at its first use (on this task's device)."""
-        if key not in self.eval_means:
-            self.eval_means[key] = MeanMetric().to(self.device)
-        return self.eval_means[key]
-
-    def log_mean(
-        self, key: str, values: torch.Tensor, weight: torch.Tensor | float = 1.0, prog_bar: bool = False
-    ) -> None:
-        """Log the validation or test value ``key`` as its mean over every sample (or token) of the split, all
-        batches and ranks together: ``values`` holds one value per sample (weight 1 each), or is a batch mean
-        that stands for ``weight`` samples or tokens. The sums of value x weight and of weight are all-reduced
-        before the division, so 2 DDP ranks log what 1 process logs, whatever their shares of the split.
-        (``self.log(..., sync_dist=True)`` does not: Lightning divides the ranks' summed batch sizes by the
-        world size as integers, so 13 samples on 2 ranks count as 12.) Lightning computes and resets the mean
-        at epoch end; read it then from ``trainer.callback_metrics[key]``."""
-        metric = self.eval_mean(key)
-        metric.update(values, weight)
-        self.log(
-            key, metric, on_step=False, on_epoch=True, prog_bar=prog_bar, metric_attribute=f"eval_means.{key}"
-        )
-
-    def track_best(self, key: str, mode: str) -> None:
-        """Keep the best (``mode``: min or max) validation ``key`` for :meth:`log_best`, in a tracker saved in
-        checkpoints (so the best survives a resume) and named ``<key with _>_best`` in the state dict."""
-        tracker = {"min": MinMetric, "max": MaxMetric}[mode]()
-        tracker.persistent(True)
-        setattr(self, f"{key.replace('/', '_')}_best", tracker)
-
-    def log_best(self, key: str, value: torch.Tensor | None = None) -> None:
-        """At validation end, feed ``value`` (default: ``key`` as the steps logged it) to ``key``'s tracker
-        (:meth:`track_best`) and log the best so far as ``<key>_best``; nothing during the sanity check."""
-        value = self.trainer.callback_metrics.get(key) if value is None else value
-        if value is not None and not self.trainer.sanity_checking:
-            tracker = getattr(self, f"{key.replace('/', '_')}_best")
-            tracker(value)
-            self.log(f"{key}_best", tracker.compute(), sync_dist=True)
+    # ---- checkpoints and files -------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         cls = type(self)

@@ -149,7 +149,7 @@ class ImageClassificationTask(Task):
         confusion = self.test_confusion.compute()  # (true, predicted) counts
         names = self.hparams.class_names
         if len(names) <= self.hparams.per_class_limit:  # one table, not a chart per class
-            rows = [(n, round(a.item(), 4), int(c)) for n, a, c in zip(names, per_class, confusion.sum(1))]
+            rows = [(n, a, int(c)) for n, a, c in zip(names, per_class, confusion.sum(1))]
             log_table(self.trainer, "test/acc_class", ["class", "accuracy", "images"], rows)
         figure = confusion_figure(confusion, names, "test confusion matrix (count, share of the true class)")
         log_image(self.trainer, "test/confusion_matrix", figure)

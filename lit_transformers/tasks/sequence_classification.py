@@ -74,7 +74,7 @@ class SequenceClassificationTask(EncoderClassifierTask):
             parts = [tok.decode(ids[valid & (types[i] == t)].tolist()) for t in (0, 1)]
             text = " | ".join(p for p in parts if p)
             true, guess = names[batch["labels"][i].item()], names[predicted[i].item()]
-            self._misclassified.append((text, true, guess, round(probs[i].item(), 3)))
+            self._misclassified.append((text, true, guess, probs[i].item()))
 
     def _log_misclassified(self, stage: str) -> None:
         if self._misclassified:

@@ -235,10 +235,8 @@ class TranslationTask(Task):
             self.trainer,
             "val/translations",
             ["source", "reference", "hypothesis", "chrF"],
-            [
-                (s, r, h, round(chrf.sentence_score(h, [r]).score, 1))
-                for (s, r), h in zip(examples, hypotheses)
-            ],
+            [(s, r, h, chrf.sentence_score(h, [r]).score) for (s, r), h in zip(examples, hypotheses)],
+            decimals={"chrF": 1},  # as sacreBLEU prints it
         )
         tok = self.require_tokenizer()
         source = torch.tensor(self.encode_sources([examples[0][0]]), device=self.device)

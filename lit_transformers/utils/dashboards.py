@@ -11,7 +11,7 @@ import html
 import numbers
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
@@ -59,12 +59,13 @@ def log_image(trainer, key: str, image: torch.Tensor | Figure) -> None:
             torchvision.io.write_png(image, path)
 
 
-def rounded(value):
-    """A table cell: a float (also a 0-d tensor or numpy float) to ``SIGNIFICANT_DIGITS``; anything else as is."""
+def rounded(value, decimals: int | None = None):
+    """A table cell: a float (also a 0-d tensor or numpy float) to ``decimals`` places where given, else to
+    ``SIGNIFICANT_DIGITS``; anything else as is."""
     if isinstance(value, torch.Tensor):
         value = value.item()
     if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
-        return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+        return float(f"{value:.{SIGNIFICANT_DIGITS}g}") if decimals is None else round(float(value), decimals)
     return value
 
 
@@ -88,16 +89,30 @@ def markdown_table(columns: Sequence[str], rows: Sequence[Sequence]) -> str:
     return "\n".join(lines + ["| " + " | ".join(map(markdown_cell, row)) + " |" for row in rows])
 
 
-def log_table(trainer, key: str, columns: Sequence[str], rows: Sequence[Sequence]) -> None:
-    """Rows of strings/numbers (floats rounded to ``SIGNIFICANT_DIGITS``), the same to every dashboard: a
-    ``wandb.Table``, a TensorBoard markdown table (each cell escaped: :func:`markdown_cell`), and CSV runs
-    append them to ``<csv dir>/<key>.csv`` with a leading ``step`` column (one file accumulates every
-    validation)."""
+def log_table(
+    trainer,
+    key: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence],
+    decimals: Mapping[str, int] | None = None,
+) -> None:
+    """Rows of strings/numbers, the same to every dashboard: a ``wandb.Table``, a TensorBoard markdown table
+    (each cell escaped: :func:`markdown_cell`), and CSV runs append them to ``<csv dir>/<key>.csv`` with a
+    leading ``step`` column (one file accumulates every validation). Floats are rounded here, the one place:
+    to ``SIGNIFICANT_DIGITS``, or to ``decimals[column]`` places in the columns it names (a score read as
+    its library prints it, chrF to 1)."""
+    columns, decimals = list(columns), decimals or {}
+    unknown = sorted(set(decimals) - set(columns))
+    if unknown:
+        raise ValueError(
+            f"log_table {key!r}: decimals names {unknown}, which are not among its columns {columns}; "
+            "key decimals by the column names the table has"
+        )
     if not trainer.is_global_zero:
         return
     step = logged_step(trainer)
-    columns = list(columns)
-    rows = [[rounded(value) for value in row] for row in rows]
+    places = [decimals.get(column) for column in columns]
+    rows = [[rounded(value, digits) for value, digits in zip(row, places)] for row in rows]
     for logger in trainer.loggers:
         if isinstance(logger, WandbLogger):
             logger.log_table(key, columns=columns, data=rows, step=step)
