@@ -238,6 +238,22 @@ def test_data_kinds_names_a_mix_or_lists_kinds_and_an_unknown_one_is_refused(tmp
         InstructionDataModule(kinds=["sort", "sum"], cache_dir=str(tmp_path))
 
 
+def test_eval_batch_size_batches_validation_and_test_and_leaves_training_at_batch_size(tmp_path):
+    dm = InstructionDataModule(
+        format="prompts",
+        n_examples=400,
+        tokenizer="char",
+        cache_dir=str(tmp_path),
+        batch_size=4,
+        eval_batch_size=7,
+    )
+    dm.setup()
+    assert len(next(iter(dm.train_dataloader()))["prompt_ids"]) == 4
+    for split, loader in (("val", dm.val_dataloader()), ("test", dm.test_dataloader())):
+        sizes = [len(batch["prompt_ids"]) for batch in loader]
+        assert set(sizes[:-1]) == {7} and sum(sizes) == len(dm.records()[split]), split  # every prompt once
+
+
 # ---- DPO's data and judged prompts ---------------------------------------------------------------------------
 
 
