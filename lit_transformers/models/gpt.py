@@ -219,10 +219,10 @@ class GPT(nn.Module):
 
     @classmethod
     def from_hf(cls, path_or_model, trust_checkpoint: bool = False, dtype: torch.dtype | None = None) -> GPT:
-        """Load a Hugging Face causal LM (``hf_convert.DECODERS``): a local directory (config.json + weights) or
+        """Load a Hugging Face causal LM (``hf_decoder.DECODERS``): a local directory (config.json + weights) or
         a ``transformers`` model object. ``dtype`` None keeps the checkpoint's (its config's ``torch_dtype``);
         ``trust_checkpoint`` allows a ``pytorch_model.bin`` that needs arbitrary unpickling."""
-        from lit_transformers.models.hf_convert import decoder_converter
+        from lit_transformers.models.hf_decoder import decoder_converter
 
         return decoder_converter(path_or_model).from_hf(cls, path_or_model, trust_checkpoint, dtype)
 

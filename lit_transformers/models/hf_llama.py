@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lit_transformers.models import hf_convert
+from lit_transformers.models import hf_convert, hf_decoder
 from lit_transformers.models.gpt import GPT, GPTConfig
 from lit_transformers.models.hf_convert import NameMap, Weight, repeat
 from lit_transformers.nn.positions import check_rope_scaling, rope_type
@@ -58,7 +58,7 @@ def name_map(config: GPTConfig) -> NameMap:
 def _refuse(hf: dict, what: str) -> None:
     raise ValueError(
         f"This {hf.get('model_type')} checkpoint has {what}, which our GPT cannot represent; supported "
-        f"architectures: {', '.join(a for _, a in hf_convert.DECODERS.values())}, in their plain form"
+        f"architectures: {', '.join(a for _, a in hf_decoder.DECODERS.values())}, in their plain form"
     )
 
 
@@ -188,12 +188,8 @@ def hf_config(c: GPTConfig):
 def from_hf(cls: type[GPT], path_or_model, trust_checkpoint: bool = False, dtype=None) -> GPT:
     """``cls`` holding a Llama/Qwen2/Mistral model object's or local directory's weights, in ``dtype`` (None:
     the checkpoint's)."""
-    config = config_from_hf(hf_convert.config_of(path_or_model, FAMILY))  # refusals before reading weights
-    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY, trust_checkpoint)
-    with hf_convert.default_dtype(dtype or hf_convert.checkpoint_dtype(path_or_model, hf, hf_state)):
-        model = cls(config)
-    hf_convert.load_from_hf(model, hf_state, name_map(config))
-    return model
+    config = config_from_hf(hf_decoder.config_of(path_or_model, FAMILY))  # refusals before reading weights
+    return hf_decoder.build_from_hf(cls, config, name_map(config), path_or_model, trust_checkpoint, dtype)
 
 
 def to_hf(model: GPT, save_dir: str | Path | None = None):
