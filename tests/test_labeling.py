@@ -75,14 +75,18 @@ def _tokenizer(directory, texts: list[str]):
 
 
 def _model(hf_tokenizer):
-    """A random tiny LlamaForCausalLM for the tokenizer (grouped-query), with room for multi-turn prompts."""
+    """A random tiny LlamaForCausalLM for the tokenizer (grouped-query), with room for multi-turn prompts and a
+    generation config stopping at either end-of-turn token."""
     config = transformers.LlamaConfig(
         vocab_size=len(hf_tokenizer), hidden_size=32, intermediate_size=48, num_hidden_layers=1,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
         bos_token_id=hf_tokenizer.bos_token_id, eos_token_id=hf_tokenizer.eos_token_id,
     )  # fmt: skip
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config)
+    model = transformers.LlamaForCausalLM(config)
+    stops = hf_tokenizer.convert_tokens_to_ids(["<|end_of_text|>", "<|eot_id|>"])
+    model.generation_config = transformers.GenerationConfig(eos_token_id=stops)  # as instruct models ship
+    return model
 
 
 def _hf_prompt_ids(hf_tokenizer, messages: list[dict]) -> list[int]:
@@ -96,11 +100,13 @@ def _pair_prompt_ids(comparisons, hf_tokenizer) -> set[tuple[int, ...]]:
     return {tuple(_hf_prompt_ids(hf_tokenizer, p["prompt"])) for p in pairs}
 
 
-def _asked(monkeypatch) -> list[list[int]]:
-    """Records the (unpadded) prompt ids of every rollout the label stage samples."""
+def _asked(monkeypatch, stop_ids: list[int]) -> list[list[int]]:
+    """Records the (unpadded) prompt ids of every rollout the label stage samples, and checks that it stops at
+    each of ``stop_ids``."""
     asked = []
 
     def recording(policy, tokenizer, ids, mask, *args):
+        assert sorted(tokenizer.end_of_turn_ids) == sorted(stop_ids)
         asked.extend(row[keep].tolist() for row, keep in zip(ids, mask.bool()))
         out = rollout(policy, tokenizer, ids, mask, *args)
         stops = torch.isin(out.responses, torch.tensor(tokenizer.end_of_turn_ids))
@@ -122,7 +128,7 @@ def test_label_stage_on_conversations_asks_with_the_template_and_writes_pairs_re
     texts = [e[key] for e in examples for key in ("prompt", "completion")]
     hf_tokenizer = _tokenizer(hub, [*texts, SYSTEM["content"], "system user assistant"] * 20)
     _model(hf_tokenizer).save_pretrained(hub)
-    assert len(hf_tokenizer.convert_tokens_to_ids(["<|end_of_text|>", "<|eot_id|>"])) == 2
+    stop_ids = hf_tokenizer.convert_tokens_to_ids(["<|end_of_text|>", "<|eot_id|>"])  # EOS and another
     sft_data = _write(tmp_path / "sft.jsonl", messages)
     jsonl = ["data.source=jsonl", "data.max_prompt_length=96", "model.block_size=128"]
 
@@ -142,7 +148,7 @@ def test_label_stage_on_conversations_asks_with_the_template_and_writes_pairs_re
     parent = [*_parent_model(sft), f"data.tokenizer_path={sft}"]
 
     # the label stage as the chain runs it: the reward experiment's data, sampled with the SFT policy
-    asked = _asked(monkeypatch)
+    asked = _asked(monkeypatch, stop_ids)
     for data_file, name in ((sft_data, "messages"), (_write(tmp_path / "pc.jsonl", prompt_completion), "pc")):
         label_cfg = stage(f"label_{name}", "gpt_reward", f"data.path={data_file}", *parent)
         out = tmp_path / f"comparisons_{name}.jsonl"
@@ -164,9 +170,8 @@ def test_label_stage_on_conversations_asks_with_the_template_and_writes_pairs_re
             )
         # every prompt the policy sampled from is transformers' rendering with the generation prompt
         assert {tuple(ids) for ids in asked} == _pair_prompt_ids(out, hf_tokenizer)
-        assert any(len(p["prompt"]) == 4 for p in pairs) == (
-            name == "messages"
-        )  # system, user, assistant, user
+        multi_turn = any(len(p["prompt"]) == 4 for p in pairs)  # system, user, assistant, user
+        assert multi_turn == (name == "messages")
         asked.clear()
 
     comparisons = tmp_path / "comparisons_messages.jsonl"
