@@ -4,7 +4,9 @@ Building the model as usual and then copying the checkpoint in holds the weights
 the file's tensors) and, at real sizes, spends longer on the random init than on reading the file.
 :func:`build_from_hf` builds the model on the meta device instead (shapes only: no memory, no init), hands it
 the converted checkpoint tensors themselves (``load_state_dict(assign=True)``), and recomputes the buffers that
-the config determines (the RoPE tables): the weights are held about once.
+the config determines (the RoPE tables): the weights are held about once. This is PyTorch's own recipe for large
+checkpoints (meta device, memory-mapped tensors, ``assign``): the weights that need no conversion stay pages of
+the safetensors file, mapped copy-on-write, so training writes private copies and never the file.
 """
 
 from __future__ import annotations

@@ -101,8 +101,9 @@ def windows_from_hf(hf: dict) -> tuple[int | None, list[str] | None]:
 
 
 def _qwen2_windows(c: GPTConfig) -> dict:
-    """Qwen2Config's window keys for ``c``: ``layer_types`` for transformers that read them, and
-    ``max_window_layers`` (the leading full-attention layers) for those before."""
+    """Qwen2Config's window keys for ``c``: ``layer_types`` for transformers that read them, and for those
+    before, ``max_window_layers``: the number of leading full-attention layers (exact for Qwen2's own pattern,
+    full layers then windowed ones)."""
     kinds = [("full_attention" if c.window(i) is None else "sliding_attention") for i in range(c.n_layer)]
     return {
         "use_sliding_window": c.sliding_window is not None,
