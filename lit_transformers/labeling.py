@@ -3,6 +3,11 @@ judge ranks them (with the right answer and a corrupted one), and every pair of 
 preference record (``prompt``/``chosen``/``rejected``) in ``<run>/label/comparisons.jsonl``, which the reward model
 and DPO train on. Pairs made only from synthetic corruptions teach a reward model the corruptions, not the policy's
 own mistakes, and PPO then has nothing true to climb (docs/instructgpt.md).
+
+On TRL's conversational records (SFT on ``messages``, or on a ``prompt`` and ``completion`` of messages) the policy
+answers the conversation before its last assistant turn, rendered with the tokenizer's chat template and its
+generation prompt, and stops at any end-of-turn token; the pairs are conversational too (the prompt's messages,
+each response an assistant message), which the reward and DPO stages render with the same template.
 """
 
 from __future__ import annotations
@@ -18,9 +23,29 @@ from omegaconf import DictConfig
 from lit_transformers.tasks import SFTTask
 from lit_transformers.tasks.instruct import decode_responses, rollout
 from lit_transformers.text import left_pad
-from lit_transformers.text.instructions import judge
+from lit_transformers.text.instructions import is_conversational, judge, response_text
 
 PROMPTS_PER_ROLLOUT = 64  # the label stage samples this many prompts (x samples_per_prompt) at once
+
+
+def label_prompt(record: dict) -> tuple[str | list[dict], list[str]]:
+    """What the policy answers for an SFT record, and the record's own responses that the judge ranks beside its
+    samples (the completion, and the corruption the embedded tasks carry as ``rejected``): a text prompt, or a
+    conversation's messages before its last assistant turn, whose text is the completion."""
+    if "messages" in record:
+        messages = record["messages"]
+        last = max(i for i, message in enumerate(messages) if message["role"] == "assistant")
+        prompt, own = messages[:last], [messages[last]["content"]]
+    else:
+        prompt, own = record["prompt"], [response_text(record["completion"])]
+    if record.get("rejected") is not None:
+        own.append(response_text(record["rejected"]))
+    return prompt, own
+
+
+def _as_response(text: str) -> list[dict]:
+    """A response as TRL's conversational pairs hold it: one assistant message."""
+    return [{"role": "assistant", "content": text}]
 
 
 def ranked_pairs(scores: dict[str, float]) -> Iterator[tuple[str, str]]:
@@ -59,30 +84,33 @@ def label_comparisons(
                     f"The label stage needs an answer in every record for the judge ({split} split lacks some);"
                     " bring your own comparisons with data.source=jsonl in the reward and dpo stages instead"
                 )
-            items = data.datasets[split]
-            for start in range(0, len(items), PROMPTS_PER_ROLLOUT):
-                rows = slice(start, start + PROMPTS_PER_ROLLOUT)
-                chunk = records[rows]
-                ids, mask = left_pad([it["prompt"] for it in items[rows]] * samples_per_prompt, tok.pad_id)
+            for start in range(0, len(records), PROMPTS_PER_ROLLOUT):
+                chunk = records[start : start + PROMPTS_PER_ROLLOUT]
+                asked = [label_prompt(record) for record in chunk]
+                # each prompt's ids as the reward, DPO and PPO data encode it (conversations: with the template)
+                prompts = [
+                    data.encode({"prompt": prompt, "where": record["where"]}, "prompts")[0]["prompt"]
+                    for (prompt, _), record in zip(asked, chunk)
+                ]
+                ids, mask = left_pad(prompts * samples_per_prompt, tok.pad_id)
                 generated = rollout(
                     policy, tok, ids.to(device), mask.to(device), max_new_tokens, temperature, generator
                 )
                 texts = decode_responses(tok, generated.responses, generated.response_mask)
-                for i, record in enumerate(chunk):
+                for i, (record, (prompt, own)) in enumerate(zip(chunk, asked)):
                     samples = texts[i :: len(chunk)]
                     verdicts = [judge(t, record["answer"]) for t in samples]
                     stats["sample_judge_exact"] += sum(v[0] for v in verdicts)
                     stats["sample_judge_score"] += sum(v[1] for v in verdicts)
                     n_samples += len(samples)
-                    scored = {
-                        t: judge(t, record["answer"])[1] for t in (record["completion"], record["rejected"])
-                    }
+                    scored = {t: judge(t, record["answer"])[1] for t in own}
                     scored |= {t: v[1] for t, v in zip(samples, verdicts)}
+                    as_response = _as_response if is_conversational(record) else str
                     for better, worse in ranked_pairs(scored):
                         pair = {
-                            "prompt": record["prompt"],
-                            "chosen": better,
-                            "rejected": worse,
+                            "prompt": prompt,
+                            "chosen": as_response(better),
+                            "rejected": as_response(worse),
                             "answer": record["answer"],
                             "split": split,
                         }

@@ -29,15 +29,23 @@ SMALL = {
     "num_key_value_heads": 2,  # grouped-query: fewer key/value heads than heads
     "max_position_embeddings": 64,
 }
+FULL, SLIDING = "full_attention", "sliding_attention"
 LINEAR = {"rope_type": "linear", "factor": 2.0}
 DYNAMIC = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 16}
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+QWEN2_WINDOW = {"use_sliding_window": True, "sliding_window": 6}
 VARIANTS = {  # name: (model_type, config overrides, sequence length)
     "llama_gqa_untied_theta": ("llama", {"rope_theta": 500000.0}, 20),
     "llama_mqa_tied": ("llama", {"num_key_value_heads": 1, "tie_word_embeddings": True}, 20),
     "llama_attention_and_mlp_biases": ("llama", {"attention_bias": True, "mlp_bias": True}, 20),
     "qwen2_qkv_bias_tied": ("qwen2", {"tie_word_embeddings": True, "rope_theta": 1e6}, 20),
     "mistral_sliding_window": ("mistral", {"sliding_window": 6}, 20),  # longer than the window
+    # Qwen2 windows the layers from max_window_layers on: here the second and third of three
+    "qwen2_window_upper_layers": (
+        "qwen2",
+        {"num_hidden_layers": 3, **QWEN2_WINDOW, "max_window_layers": 1},
+        20,
+    ),
     # heads wider and narrower than hidden_size / num_attention_heads = 8 (Qwen3's and some Mistrals' layout)
     "llama_head_dim_wider": ("llama", {"head_dim": 16}, 20),
     "qwen2_head_dim_narrower": ("qwen2", {"head_dim": 4, "num_key_value_heads": 1}, 20),
@@ -91,7 +99,9 @@ def test_logits_match_transformers_from_a_saved_directory(tmp_path, variant):
     expected = _logits(hf, ids)
     torch.testing.assert_close(_logits(ours, ids), expected, atol=1e-4, rtol=0)
     # the RoPE base, scaling and window must matter at this length, or the parity could not see one dropped
-    plain = dataclasses.replace(ours.config, rope_theta=10000.0, rope_scaling=None, sliding_window=None)
+    plain = dataclasses.replace(
+        ours.config, rope_theta=10000.0, rope_scaling=None, sliding_window=None, layer_types=None
+    )
     if plain != ours.config:
         without = GPT(plain).eval()
         without.load_state_dict(ours.state_dict())
@@ -114,6 +124,7 @@ GENERATING = [
     "llama_gqa_untied_theta",
     "qwen2_qkv_bias_tied",
     "mistral_sliding_window",
+    "qwen2_window_upper_layers",
     "rope_dynamic",
     "llama_head_dim_wider",
 ]
@@ -175,6 +186,7 @@ def test_kv_cache_holds_n_kv_head_heads():
         ({"rope_scaling": DYNAMIC}, "LlamaForCausalLM"),
         ({"head_dim": 12, "n_kv_head": 2}, "LlamaForCausalLM"),
         ({"head_dim": 4, "qkv_bias": True}, "Qwen2ForCausalLM"),
+        ({"qkv_bias": True, "sliding_window": 5, "layer_types": [FULL, SLIDING]}, "Qwen2ForCausalLM"),
     ],
 )
 def test_to_hf_round_trip(tmp_path, overrides, architecture):
@@ -258,8 +270,10 @@ def test_pytorch_model_bin_needing_unpickling_loads_only_when_trusted(tmp_path):
             "LlamaForSequenceClassification",
         ),
         (
-            lambda: transformers.Qwen2Config(**SMALL, use_sliding_window=True, sliding_window=8),
-            "use_sliding_window",
+            lambda: transformers.Qwen2Config(
+                **SMALL, **QWEN2_WINDOW, layer_types=["chunked_attention", SLIDING]
+            ),
+            r"layer_types \['chunked_attention'\]",
         ),
     ],
 )

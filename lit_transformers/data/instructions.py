@@ -230,15 +230,16 @@ class InstructionDataModule(TextDataModule):
             raise no_chat_template()
         return [r["prompt"] + r.get("completion", r.get("chosen", "")) for r in self.records()["train"]]
 
-    def encode(self, record: dict) -> tuple[dict, bool]:
-        """Token lists of a record, and whether they were cut: the prompt to its last ``max_prompt_length``
-        tokens (a leading BOS kept), each response to the room left within ``max_length``. Text gets BOS (when
-        the tokenizer has one) and EOS here; a conversation's come from its chat template
-        (:func:`lit_transformers.text.instructions.encode_conversation`)."""
+    def encode(self, record: dict, format: str | None = None) -> tuple[dict, bool]:
+        """Token lists of a record in ``format`` (default data.format), and whether they were cut: the prompt to
+        its last ``max_prompt_length`` tokens (a leading BOS kept), each response to the room left within
+        ``max_length``. Text gets BOS (when the tokenizer has one) and EOS here; a conversation's come from its
+        chat template (:func:`lit_transformers.text.instructions.encode_conversation`)."""
         tok, h = self.tokenizer, self.hparams
+        format = format or h.format
         if is_conversational(record):
             try:
-                full, responses = encode_conversation(tok, record, h.format)
+                full, responses = encode_conversation(tok, record, format)
             except ValueError as err:
                 raise ValueError(f"{record['where']}: {err}") from None
         else:
@@ -246,7 +247,7 @@ class InstructionDataModule(TextDataModule):
                 [tok.bos_id] if "bos" in tok.ids else []
             )  # Qwen's tokenizers have none (transformers adds none)
             full = [*bos, *tok.encode(record["prompt"])]
-            responses = {field: [*tok.encode(record[field]), tok.eos_id] for field in FIELDS[h.format][1:]}
+            responses = {field: [*tok.encode(record[field]), tok.eos_id] for field in FIELDS[format][1:]}
         keep = int(full[:1] == [tok.ids.get("bos")])  # keep BOS and the prompt's end
         prompt = full[:keep] + full[keep:][-(h.max_prompt_length - keep) :]
         item, cut = {"prompt": prompt, "answer": record.get("answer")}, len(prompt) < len(full)

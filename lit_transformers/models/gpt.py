@@ -1,7 +1,8 @@
 """GPT: a decoder-only Transformer for causal language modelling (nanoGPT spirit). One model, whose config
 names the variant (litgpt's approach): the GPT-2 layout by default; RMSNorm, a SwiGLU MLP, grouped-query
-attention, RoPE with a base and Hugging Face's scalings, q/k/v biases, a sliding window and an untied head make
-the Llama / Qwen2 / Mistral layouts (presets ``conf/model/llama_*.yaml``, ``qwen2_nano.yaml``)."""
+attention, RoPE with a base and Hugging Face's scalings, q/k/v biases, a sliding window (on every layer or on
+some) and an untied head make the Llama / Qwen2 / Mistral layouts (presets ``conf/model/llama_*.yaml``,
+``qwen2_nano.yaml``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ if TYPE_CHECKING:
     from lit_transformers.text import Tokenizer
 
 
+# the kinds of attention layer a GPT has, by Hugging Face's names (config.json's layer_types)
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
 @dataclass
 class GPTConfig:
     vocab_size: int | None = None  # None: the task takes its tokenizer's size (GPT-2 pads 50257 to 50304)
@@ -57,6 +62,9 @@ class GPTConfig:
     rope_theta: float = 10000.0  # RoPE base (position=rope; Llama 3: 500000)
     rope_scaling: dict | None = None  # HF's, e.g. {rope_type: linear, factor: 4.0}: linear|dynamic|llama3
     sliding_window: int | None = None  # attend to the latest this many tokens, itself included (Mistral)
+    # per layer, Hugging Face's names: "sliding_attention" (the window) or "full_attention"; None: every layer
+    # windowed when sliding_window is set (Qwen2 windows its layers from max_window_layers on)
+    layer_types: list[str] | None = None
     # training: recompute each block's activations in the backward pass instead of keeping them (less memory,
     # about a third more compute); a setting of how it trains, not of the weights
     activation_checkpointing: bool = False
@@ -65,6 +73,26 @@ class GPTConfig:
     def head_size(self) -> int:
         """Each attention head's width: ``head_dim``, else ``d_model / n_head``."""
         return self.head_dim or self.d_model // self.n_head
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of block ``layer`` (None: it attends to every earlier token)."""
+        if self.layer_types is not None and self.layer_types[layer] == "full_attention":
+            return None
+        return self.sliding_window
+
+    def check_layer_types(self) -> None:
+        """Refuse ``layer_types`` of another length than ``n_layer``, of a kind we do not compute, or naming a
+        window that ``sliding_window`` does not size."""
+        if self.layer_types is None:
+            return
+        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if len(self.layer_types) != self.n_layer or unknown or self.sliding_window is None:
+            raise ValueError(
+                f"layer_types={list(self.layer_types)} must name each of the n_layer={self.n_layer} layers "
+                f"{' or '.join(map(repr, LAYER_TYPES))}{f' (not {unknown})' if unknown else ''}, with "
+                f"sliding_window set (it is {self.sliding_window}); or set layer_types=null to window every "
+                "layer alike"
+            )
 
 
 class GPT(nn.Module):
@@ -81,6 +109,7 @@ class GPT(nn.Module):
                 f"rope_theta/rope_scaling set with position={config.position!r}; set position=rope or drop them"
             )
         check_rope_scaling(config.rope_scaling)
+        config.check_layer_types()
         self.config = config
         self.tok_emb = token_embedding(config.vocab_size, config.d_model)
         self.pos_emb = absolute_positions(config.position, config.block_size, config.d_model)
@@ -105,10 +134,10 @@ class GPT(nn.Module):
                 gated_mlp=config.gated_mlp,
                 n_kv_head=config.n_kv_head,
                 qkv_bias=config.qkv_bias,
-                sliding_window=config.sliding_window,
+                sliding_window=config.window(i),
                 head_dim=config.head_dim,
             )
-            for _ in range(config.n_layer)
+            for i in range(config.n_layer)
         )
         self.ln_f = norm_layer(config.norm, config.d_model, config.norm_eps, config.bias)
         self.lm_head = LMHead(config.d_model, config.vocab_size)
@@ -226,10 +255,10 @@ class GPT(nn.Module):
 
     @classmethod
     def from_hf(cls, path_or_model, trust_checkpoint: bool = False, dtype: torch.dtype | None = None) -> GPT:
-        """Load a Hugging Face causal LM (``hf_convert.DECODERS``): a local directory (config.json + weights) or
+        """Load a Hugging Face causal LM (``hf_decoder.DECODERS``): a local directory (config.json + weights) or
         a ``transformers`` model object. ``dtype`` None keeps the checkpoint's (its config's ``torch_dtype``);
         ``trust_checkpoint`` allows a ``pytorch_model.bin`` that needs arbitrary unpickling."""
-        from lit_transformers.models.hf_convert import decoder_converter
+        from lit_transformers.models.hf_decoder import decoder_converter
 
         return decoder_converter(path_or_model).from_hf(cls, path_or_model, trust_checkpoint, dtype)
 

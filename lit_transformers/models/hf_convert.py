@@ -15,14 +15,12 @@ tensor stored in another layout is one more row of ``LAYOUTS``.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import ModuleType
 
 import torch
 from torch import nn
@@ -182,19 +180,6 @@ def read_sharded_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def checkpoint_dtype(path_or_model, hf_config: dict, hf_state: dict[str, torch.Tensor]) -> torch.dtype:
-    """The dtype a checkpoint is in: a model object's weights', else its config's ``dtype`` (``torch_dtype``
-    before transformers 5), else its weights'."""
-    name = (
-        None
-        if isinstance(path_or_model, nn.Module)
-        else hf_config.get("dtype") or hf_config.get("torch_dtype")
-    )
-    if isinstance(getattr(torch, str(name), None), torch.dtype):
-        return getattr(torch, name)
-    return next((t.dtype for t in hf_state.values() if t.is_floating_point()), torch.float32)
-
-
 @contextmanager
 def default_dtype(dtype: torch.dtype) -> Iterator[None]:
     """Modules built inside have ``dtype`` parameters (a bf16 checkpoint never passes through float32); buffers
@@ -205,36 +190,6 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(before)
-
-
-# Hugging Face causal LMs our GPT loads: model_type -> (the converter module, its architecture)
-DECODERS = {
-    "gpt2": ("hf_gpt2", "GPT2LMHeadModel"),
-    "llama": ("hf_llama", "LlamaForCausalLM"),
-    "qwen2": ("hf_llama", "Qwen2ForCausalLM"),
-    "mistral": ("hf_llama", "MistralForCausalLM"),
-}
-
-
-def config_of(path_or_model, family: str) -> dict:
-    """The config dict of a ``transformers`` model object or a local checkpoint directory, weights unread."""
-    if isinstance(path_or_model, nn.Module):
-        return path_or_model.config.to_dict()
-    return read_hf_config(path_or_model, family)
-
-
-def decoder_converter(path_or_model) -> ModuleType:
-    """The converter module (``hf_gpt2``, ``hf_llama``) of a Hugging Face causal LM, by its ``model_type``;
-    another architecture (a mixture of experts, an encoder) is refused with the supported list."""
-    hf = config_of(path_or_model, "causal LM")
-    if hf.get("model_type") not in DECODERS:
-        raise ValueError(
-            f"Unsupported architecture {hf.get('architectures') or hf.get('model_type')!r} "
-            f"(model_type={hf.get('model_type')!r}): our GPT loads "
-            f"{', '.join(architecture for _, architecture in DECODERS.values())}. Pass a checkpoint of one of "
-            "them (mixture-of-experts variants such as Mixtral or Qwen2-MoE are not among them)."
-        )
-    return importlib.import_module(f"lit_transformers.models.{DECODERS[hf['model_type']][0]}")
 
 
 def activation_from_hf(name: str, family: str) -> str:
@@ -318,17 +273,35 @@ def state_to_hf(state: dict[str, torch.Tensor], name_map: NameMap) -> dict[str, 
 
 
 def load_exactly(
-    module: nn.Module, state: dict[str, torch.Tensor], may_lack: Callable[[str], bool], what: str
+    module: nn.Module,
+    state: dict[str, torch.Tensor],
+    may_lack: Callable[[str], bool],
+    what: str,
+    assign: bool = False,
 ) -> None:
     """``module.load_state_dict(state)`` where ``state`` must name only tensors of ``module`` and set every
-    one (a tied tensor through any of its names) but those ``may_lack``; a miss is a bug of the name map."""
+    one (a tied tensor through any of its names) but those ``may_lack``; a miss is a bug of the name map.
+
+    ``assign``: the module's parameters become ``state``'s tensors instead of receiving a copy (a module built
+    on the meta device has no memory to copy into); a parameter tied under several names stays one parameter.
+    """
     tensors = module.state_dict(keep_vars=True)
     loaded = {id(tensors[key]) for key in state if key in tensors}
     unknown = sorted(set(state) - set(tensors))
     unset = sorted(key for key, t in tensors.items() if id(t) not in loaded and not may_lack(key))
     if unknown or unset:
         raise RuntimeError(f"The {what} name map is out of step with the model: no {unknown}, unset {unset}")
-    module.load_state_dict(state, strict=False)
+    names_of: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(param), []).append(name)
+    module.load_state_dict(state, strict=False, assign=assign)
+    # load_state_dict(assign=True) replaces only the names that state holds: point the other names of each
+    # tied parameter at the same new one
+    for names in names_of.values() if assign else ():
+        param = module.get_parameter(next((name for name in names if name in state), names[0]))
+        for name in names:
+            owner, _, leaf = name.rpartition(".")
+            setattr(module.get_submodule(owner), leaf, param)
 
 
 def load_from_hf(model: nn.Module, hf_state: dict[str, torch.Tensor], name_map: NameMap) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lit_transformers.models import hf_convert
+from lit_transformers.models import hf_convert, hf_decoder
 from lit_transformers.models.gpt import GPT, GPTConfig
 from lit_transformers.models.hf_convert import NameMap, Weight, affine, repeat
 
@@ -92,11 +92,8 @@ def hf_config(c: GPTConfig):
 def from_hf(cls: type[GPT], path_or_model, trust_checkpoint: bool = False, dtype=None) -> GPT:
     """``cls`` holding a ``GPT2LMHeadModel``/``GPT2Model`` object's or a local GPT-2 directory's weights, in
     ``dtype`` (None: the checkpoint's)."""
-    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY, trust_checkpoint)
-    with hf_convert.default_dtype(dtype or hf_convert.checkpoint_dtype(path_or_model, hf, hf_state)):
-        model = cls(config_from_hf(hf))
-    hf_convert.load_from_hf(model, hf_state, name_map(model.config))
-    return model
+    config = config_from_hf(hf_decoder.config_of(path_or_model, FAMILY))
+    return hf_decoder.build_from_hf(cls, config, name_map(config), path_or_model, trust_checkpoint, dtype)
 
 
 def to_hf(model: GPT, save_dir: str | Path | None = None):

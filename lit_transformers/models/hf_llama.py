@@ -2,7 +2,8 @@
 TinyLlama are Llama): one name map and config translation for the three, which differ only in config.
 
 The three share the layout (RMSNorm, SwiGLU MLP, grouped-query attention with RoPE, no biases); Qwen2 adds
-q/k/v biases, Mistral a sliding window. HF keeps q, k, v and gate, up as separate projections; ours fuses
+q/k/v biases and a sliding window on its upper layers (off in the released checkpoints), Mistral a sliding
+window on every layer. HF keeps q, k, v and gate, up as separate projections; ours fuses
 each group along the output dimension, so a grouped-query ``qkv_proj`` splits into unequal parts on export.
 """
 
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lit_transformers.models import hf_convert
-from lit_transformers.models.gpt import GPT, GPTConfig
+from lit_transformers.models import hf_convert, hf_decoder
+from lit_transformers.models.gpt import GPT, LAYER_TYPES, GPTConfig
 from lit_transformers.models.hf_convert import NameMap, Weight, repeat
 from lit_transformers.nn.positions import check_rope_scaling, rope_type
 
@@ -58,7 +59,7 @@ def name_map(config: GPTConfig) -> NameMap:
 def _refuse(hf: dict, what: str) -> None:
     raise ValueError(
         f"This {hf.get('model_type')} checkpoint has {what}, which our GPT cannot represent; supported "
-        f"architectures: {', '.join(a for _, a in hf_convert.DECODERS.values())}, in their plain form"
+        f"architectures: {', '.join(a for _, a in hf_decoder.DECODERS.values())}, in their plain form"
     )
 
 
@@ -78,13 +79,38 @@ def rope_from_hf(hf: dict) -> tuple[float, dict | None]:
     return theta, rope
 
 
-def _sliding_window(hf: dict) -> int | None:
+def windows_from_hf(hf: dict) -> tuple[int | None, list[str] | None]:
+    """Our (sliding_window, layer_types), as the checkpoint's transformers class windows its attention: Mistral
+    every layer; Qwen2, with use_sliding_window, the layers its ``layer_types`` name "sliding_attention" (older
+    files lack them: the layers from ``max_window_layers`` on). layer_types stays None unless the layers differ."""
     if hf["model_type"] == "mistral":
-        return hf.get("sliding_window")
-    layer_types = set(hf.get("layer_types") or ())
-    if hf.get("use_sliding_window") or "sliding_attention" in layer_types:
-        _refuse(hf, "use_sliding_window=true (Qwen2's window on some layers only)")
-    return None
+        return hf.get("sliding_window"), None
+    if hf["model_type"] != "qwen2" or not hf.get("use_sliding_window") or hf.get("sliding_window") is None:
+        return None, None
+    first = hf.get("max_window_layers", 28)  # Qwen2Config's default
+    kinds = hf.get("layer_types") or [
+        "sliding_attention" if i >= first else "full_attention" for i in range(hf["num_hidden_layers"])
+    ]
+    if set(kinds) - set(LAYER_TYPES):
+        _refuse(
+            hf, f"layer_types {sorted(set(kinds) - set(LAYER_TYPES))} (ours computes {list(LAYER_TYPES)})"
+        )
+    if "sliding_attention" not in kinds:
+        return None, None
+    return hf["sliding_window"], list(kinds) if "full_attention" in kinds else None
+
+
+def _qwen2_windows(c: GPTConfig) -> dict:
+    """Qwen2Config's window keys for ``c``: ``layer_types`` for transformers that read them, and for those
+    before, ``max_window_layers``: the number of leading full-attention layers (exact for Qwen2's own pattern,
+    full layers then windowed ones)."""
+    kinds = [("full_attention" if c.window(i) is None else "sliding_attention") for i in range(c.n_layer)]
+    return {
+        "use_sliding_window": c.sliding_window is not None,
+        "sliding_window": c.sliding_window,
+        "max_window_layers": kinds.index("sliding_attention") if c.sliding_window is not None else c.n_layer,
+        "layer_types": kinds,
+    }
 
 
 def config_from_hf(hf: dict) -> GPTConfig:
@@ -103,6 +129,7 @@ def config_from_hf(hf: dict) -> GPTConfig:
     block_size = hf["max_position_embeddings"]
     if rope_type(scaling) == "dynamic":
         block_size = int(block_size * scaling["factor"])
+    sliding_window, layer_types = windows_from_hf(hf)
     return GPTConfig(
         vocab_size=hf["vocab_size"],
         block_size=block_size,
@@ -123,21 +150,28 @@ def config_from_hf(hf: dict) -> GPTConfig:
         qkv_bias=True if hf["model_type"] == "qwen2" else None,
         rope_theta=theta,
         rope_scaling=scaling,
-        sliding_window=_sliding_window(hf),
+        sliding_window=sliding_window,
+        layer_types=layer_types,
     )
 
 
 def architecture(c: GPTConfig) -> str:
-    """The model_type a Llama-layout config exports as: Mistral with a sliding window, Qwen2 with q/k/v biases
-    alone, else Llama; a config none of them represents is refused, naming what differs."""
+    """The model_type a Llama-layout config exports as: Qwen2 with q/k/v biases alone (a window on all, some
+    or no layers), else Mistral with a sliding window, else Llama; a config none of them represents is refused,
+    naming what differs."""
     unrepresentable = [
         f"{key}={getattr(c, key)!r} (needs {need!r})"
         for key, need in (("norm", "rmsnorm"), ("gated_mlp", True), ("position", "rope"))
         if getattr(c, key) != need
     ]
     qkv_only = c.qkv_bias and not c.bias
-    if c.sliding_window is not None and (c.bias or c.qkv_bias):
-        unrepresentable.append("biases with a sliding window (Mistral has none)")
+    if c.sliding_window is not None and not qkv_only and (c.bias or c.qkv_bias):
+        unrepresentable.append("biases with a sliding window (Mistral has none, Qwen2 q/k/v biases alone)")
+    if c.layer_types is not None and not qkv_only:
+        unrepresentable.append(
+            "a window on some layers only (layer_types) without Qwen2's q/k/v biases alone (Mistral windows "
+            "every layer): set qkv_bias=true bias=false, or layer_types=null"
+        )
     if c.qkv_bias is not None and c.qkv_bias != c.bias and not qkv_only:
         unrepresentable.append(f"qkv_bias={c.qkv_bias} with bias={c.bias}")
     if unrepresentable:
@@ -145,7 +179,7 @@ def architecture(c: GPTConfig) -> str:
             f"This GPT config does not export to {FAMILY}: {'; '.join(unrepresentable)}. The GPT-2 layout "
             "(norm=layernorm) exports to GPT2LMHeadModel instead."
         )
-    return "mistral" if c.sliding_window is not None else "qwen2" if qkv_only else "llama"
+    return "qwen2" if qkv_only else "mistral" if c.sliding_window is not None else "llama"
 
 
 def hf_config(c: GPTConfig):
@@ -181,19 +215,15 @@ def hf_config(c: GPTConfig):
     elif model_type == "mistral":
         kwargs |= {"sliding_window": c.sliding_window}
     else:
-        kwargs |= {"use_sliding_window": False}
+        kwargs |= _qwen2_windows(c)
     return transformers.AutoConfig.for_model(model_type, **kwargs)
 
 
 def from_hf(cls: type[GPT], path_or_model, trust_checkpoint: bool = False, dtype=None) -> GPT:
     """``cls`` holding a Llama/Qwen2/Mistral model object's or local directory's weights, in ``dtype`` (None:
     the checkpoint's)."""
-    config = config_from_hf(hf_convert.config_of(path_or_model, FAMILY))  # refusals before reading weights
-    hf, hf_state = hf_convert.load_hf_checkpoint(path_or_model, FAMILY, trust_checkpoint)
-    with hf_convert.default_dtype(dtype or hf_convert.checkpoint_dtype(path_or_model, hf, hf_state)):
-        model = cls(config)
-    hf_convert.load_from_hf(model, hf_state, name_map(config))
-    return model
+    config = config_from_hf(hf_decoder.config_of(path_or_model, FAMILY))  # refusals before reading weights
+    return hf_decoder.build_from_hf(cls, config, name_map(config), path_or_model, trust_checkpoint, dtype)
 
 
 def to_hf(model: GPT, save_dir: str | Path | None = None):

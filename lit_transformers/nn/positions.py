@@ -29,7 +29,13 @@ class SinusoidalPositions(nn.Module):
 
     def __init__(self, max_len: int, d_model: int, concat: bool = False):
         super().__init__()
-        self.register_buffer("table", sinusoidal_table(max_len, d_model, concat), persistent=False)
+        self.max_len, self.d_model, self.concat = max_len, d_model, concat
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """Compute the table (again, for a module built on the meta device)."""
+        table = sinusoidal_table(self.max_len, self.d_model, self.concat)
+        self.register_buffer("table", table, persistent=False)
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return self.table[position_ids]  # (B, T, d_model)
@@ -108,8 +114,13 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
-        self.head_dim, self.base, self.scaling = head_dim, base, scaling
-        cos, sin = self._cos_sin(torch.arange(max_len)[None], rope_inv_freq(head_dim, base, scaling))
+        self.head_dim, self.max_len, self.base, self.scaling = head_dim, max_len, base, scaling
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """Compute the cos/sin tables (again, for a module built on the meta device)."""
+        inv_freq = rope_inv_freq(self.head_dim, self.base, self.scaling)
+        cos, sin = self._cos_sin(torch.arange(self.max_len)[None], inv_freq)
         self.register_buffer("cos", cos[0], persistent=False)  # (max_len, hs)
         self.register_buffer("sin", sin[0], persistent=False)
 

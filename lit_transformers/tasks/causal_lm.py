@@ -20,7 +20,8 @@ def decoder_spec(model: dict | GPTConfig, init_from_hf: str | None) -> dict:
     spec = config_spec(model)
     if not init_from_hf:
         return spec
-    from lit_transformers.models.hf_convert import decoder_converter, read_hf_config
+    from lit_transformers.models.hf_convert import read_hf_config
+    from lit_transformers.models.hf_decoder import decoder_converter
 
     hf = decoder_converter(init_from_hf).config_from_hf(read_hf_config(init_from_hf, "causal LM"))
     return config_spec(hf) | {"activation_checkpointing": bool(spec.get("activation_checkpointing"))}
