@@ -4,6 +4,7 @@ run trains."""
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
@@ -49,6 +50,13 @@ def _final_weights(stage_dir: Path) -> dict[str, torch.Tensor]:
     return {key: value for key, value in state["state_dict"].items() if "_best." not in key}
 
 
+def _validated_steps(stage_dir: Path) -> set[int]:
+    """The steps at which a stage logged validation metrics."""
+    with open(stage_dir / "csv" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    return {int(row["step"]) for row in rows if any(k.startswith("val/") and v for k, v in row.items())}
+
+
 def _unequal(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> list[str]:
     assert first.keys() == second.keys()
     return [key for key in first if not torch.equal(first[key], second[key])]
@@ -78,6 +86,7 @@ def test_validation_and_its_samples_leave_pretraining_unchanged(tmp_path, cache_
     _run_chain(
         tmp_path / "once", cache_dir, ["pretrain"], *at_the_end, pretrain=["callbacks.text_samples=null"]
     )
+    assert len(_validated_steps(tmp_path / "often" / "pretrain")) == 4
     often, once = (_final_weights(tmp_path / run / "pretrain") for run in ("often", "once"))
     assert not _unequal(often, once)
 
@@ -89,5 +98,6 @@ def test_validation_and_its_sample_tables_leave_ppo_unchanged(tiny_chain_run, tm
     for run, interval in (("often", 1), ("once", 2)):
         shutil.copytree(tiny_chain_run, tmp_path / run, ignore=shutil.ignore_patterns("ppo", "grpo", "dpo"))
         _run_chain(tmp_path / run, cache_dir, stages, steps, f"trainer.val_check_interval={interval}")
+    assert len(_validated_steps(tmp_path / "often" / "ppo")) == 2  # the first iteration's end was validated
     often, once = (_final_weights(tmp_path / run / "ppo") for run in ("often", "once"))
     assert not _unequal(often, once)
