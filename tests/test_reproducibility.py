@@ -68,23 +68,20 @@ def test_every_chain_stage_trains_bit_identically_when_run_again(tiny_chain_run,
     comparisons = Path("label", "comparisons.jsonl")
     assert (tmp_path / "run" / comparisons).read_bytes() == (tiny_chain_run / comparisons).read_bytes()
     for stage in TRAINED:
-        (name, first), (again, second) = (
-            _best_weights(tiny_chain_run, stage),
-            _best_weights(tmp_path / "run", stage),
+        (name, first), (name_again, again) = (
+            _best_weights(run, stage) for run in (tiny_chain_run, tmp_path / "run")
         )
-        assert name == again, stage
-        assert not _unequal(first, second), stage
+        assert name == name_again, stage
+        assert not _unequal(first, again), stage
 
 
 def test_validation_and_its_samples_leave_pretraining_unchanged(tmp_path, cache_dir):
     # dropout is on in pretraining: a validation that drew from the global random stream moved every later mask
-    validated = [
-        "trainer.val_check_interval=1"
-    ]  # after every step, with text samples (callbacks.text_samples)
-    at_the_end = ["trainer.val_check_interval=4"]
-    _run_chain(tmp_path / "often", cache_dir, ["pretrain"], *validated)
+    # validated after every step, with text samples (callbacks.text_samples), or once at the end without them
+    _run_chain(tmp_path / "often", cache_dir, ["pretrain"], "trainer.val_check_interval=1")
+    no_samples = ["callbacks.text_samples=null"]
     _run_chain(
-        tmp_path / "once", cache_dir, ["pretrain"], *at_the_end, pretrain=["callbacks.text_samples=null"]
+        tmp_path / "once", cache_dir, ["pretrain"], "trainer.val_check_interval=4", pretrain=no_samples
     )
     assert len(_validated_steps(tmp_path / "often" / "pretrain")) == 4
     often, once = (_final_weights(tmp_path / run / "pretrain") for run in ("often", "once"))
