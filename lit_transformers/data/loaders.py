@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 import lightning as L
+import torch
 from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DataLoader, Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -73,9 +74,8 @@ def make_loader(
         collate_fn=collate_fn,
         drop_last=drop_last,
     )
+    seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # the seed Lightning's own DistributedSampler takes
     if train:
-        # the seed Lightning's own DistributedSampler takes: seed_everything's
-        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))
         return StatefulDataLoader(
             dataset,
             sampler=ResumableSampler(dataset, world, rank, seed),
@@ -86,7 +86,10 @@ def make_loader(
         if shard_eval and world > 1
         else None
     )
-    return DataLoader(dataset, sampler=sampler, **common)
+    # every iterator of a DataLoader draws its workers' base seed from its generator, by default the global one:
+    # each validation would then move the training's random stream (dropout masks, PPO/GRPO samples), so that
+    # how often a run validates changed what it trained (tests/test_reproducibility.py)
+    return DataLoader(dataset, sampler=sampler, generator=torch.Generator().manual_seed(seed), **common)
 
 
 class CollatedSplits(L.LightningDataModule):
