@@ -26,8 +26,9 @@ from lit_transformers.tasks.evaluation import CorpusScore
 from lit_transformers.text import MARIAN_SPECIAL_TOKENS, Tokenizer
 from lit_transformers.train import train
 from lit_transformers.translate import load_task
+from lit_transformers.translate import main as translate_entry_point
 
-from conftest import TINY_TRAINER, assert_short_error, assert_user_error, cli_env, compose_train_cfg, run_cli
+from conftest import TINY_TRAINER, assert_short_error, assert_user_error, cli_env, compose_train_cfg, run_main
 from test_bert_classify import write_mo
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -301,13 +302,12 @@ def test_lit_translate_stops_quietly_when_its_reader_leaves(endless_checkpoint):
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
 
 
-@pytest.mark.cli
 def test_lit_translate_names_bad_settings_before_loading(tmp_path):
     """A mistyped key in one paragraph, and an encoding that is unknown or not ASCII-compatible (stdin is split at
     newline bytes), each before the checkpoint is read (there is none here)."""
     missing = tmp_path / "none.ckpt"
     assert_short_error(
-        run_cli(*_lit_translate(missing, "beam=abc"), timeout=120), "beam='abc'", "expected int"
+        run_main(translate_entry_point, f"ckpt={missing}", "beam=abc"), "beam='abc'", "expected int"
     )
     for encoding, needle in [("foo", "not a text encoding"), ("utf-16", "iconv -f utf-16 -t utf-8")]:
         GlobalHydra.instance().clear()
