@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import subprocess
@@ -195,6 +196,20 @@ def ddp_cli(tmp_path, cache_dir):
         return run_dir
 
     return _run
+
+
+def train_on_two_ranks(*configs: DictConfig) -> list[dict[str, float]]:
+    """Each resolved train config (its trainer ddp_cpu) in turn, in one launch of 2 processes (tests/ddp_worker.py):
+    one start of the processes, their imports and their process group for all the runs. Each config is saved as
+    ddp_config.yaml in its paths.output_dir, where its run goes; returns each run's final metrics. Fails, showing
+    the end of stderr, unless every run succeeds."""
+    paths = [Path(cfg.paths.output_dir) / "ddp_config.yaml" for cfg in configs]
+    for cfg, path in zip(configs, paths):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, path)
+    result = run_cli(sys.executable, str(TESTS / "ddp_worker.py"), *map(str, paths), cwd=paths[0].parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads((path.parent / "metrics.json").read_text()) for path in paths]
 
 
 @pytest.fixture(scope="session")

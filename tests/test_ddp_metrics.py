@@ -2,12 +2,10 @@
 what 1 process logs, and what a recompute in plain torch gives (sum of per-sample values / count). The test splits
 have an odd size, so the ranks get unequal shares: the case where a mean of rank means, or Lightning's
 ``sync_dist`` mean (which divides the summed batch sizes by the world size as integers), moves the value. Every
-family of a test runs in one launch of 2 processes (tests/ddp_eval_worker.py), each a few seconds."""
+family of a test runs in one launch of 2 processes (conftest.train_on_two_ranks), each a few seconds."""
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -17,14 +15,13 @@ import torch
 import torch.nn.functional as F
 from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_class, instantiate
-from omegaconf import OmegaConf
 from test_precision import FAMILIES
 
 from lit_transformers.nn import IGNORE_INDEX, ClipLoss
 from lit_transformers.train import train
 from lit_transformers.utils.checkpoints import use_checkpoint_tokenizers
 
-from conftest import TESTS, compose_train_cfg, run_cli
+from conftest import compose_train_cfg, train_on_two_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -47,17 +44,14 @@ def _evaluations(cases: dict[str, Case], root: Path, cache_dir: Path) -> dict[st
             *evaluate, *case.one_process, output_dir=root / family / "one", cache_dir=cache_dir
         )
         runs[family] = {"cfg": one, "checkpoint": checkpoint, "one": train(one).metrics}
-        two = compose_train_cfg(
-            *evaluate, "trainer=ddp_cpu", output_dir=root / family / "two", cache_dir=cache_dir
+        ddp_configs.append(
+            compose_train_cfg(
+                *evaluate, "trainer=ddp_cpu", output_dir=root / family / "two", cache_dir=cache_dir
+            )
         )
-        ddp_configs.append(root / family / "two" / "config.yaml")
-        ddp_configs[-1].parent.mkdir()
-        OmegaConf.save(two, ddp_configs[-1])
     GlobalHydra.instance().clear()
-    result = run_cli(sys.executable, str(TESTS / "ddp_eval_worker.py"), *map(str, ddp_configs), cwd=root)
-    assert result.returncode == 0, result.stderr[-3000:]
-    for family, path in zip(cases, ddp_configs):
-        runs[family]["two"] = json.loads((path.parent / "metrics.json").read_text())
+    for family, metrics in zip(cases, train_on_two_ranks(*ddp_configs)):
+        runs[family]["two"] = metrics
     return runs
 
 

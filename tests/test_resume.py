@@ -12,7 +12,7 @@ import torch
 
 from lit_transformers.train import train
 
-from conftest import TINY_LM
+from conftest import TINY_LM, compose_train_cfg, train_on_two_ranks
 
 # dropout on, so that a resumed run matches only if it also draws the same random numbers; a validation and a
 # checkpoint every 2 steps (TINY_LM), all kept, so validation runs between a checkpoint and the steps compared
@@ -79,9 +79,20 @@ class SeedByRank(L.Callback):
 
 @pytest.mark.cli
 @pytest.mark.ddp
-def test_resume_is_exact_under_ddp(tmp_path, ddp_cli):
-    common = [*EXACT, "trainer.max_steps=6", "+callbacks.seed_by_rank._target_=test_resume.SeedByRank"]
-    straight = ddp_cli(*common, run_dir=tmp_path / "straight")
-    step_2 = straight / "checkpoints" / "step_000002.ckpt"
-    resumed = ddp_cli(*common, f"ckpt_path={step_2}", run_dir=tmp_path / "resumed")
+def test_resume_is_exact_under_ddp(tmp_path, cache_dir):
+    """The straight run, then the run resumed from its step 2, in one launch of 2 processes."""
+    common = [
+        *EXACT,
+        "trainer=ddp_cpu",
+        "trainer.max_steps=6",
+        "+callbacks.seed_by_rank._target_=test_resume.SeedByRank",
+    ]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    step_2 = (
+        straight / "checkpoints" / "step_000002.ckpt"
+    )  # written by the first run, before the second starts
+    train_on_two_ranks(
+        compose_train_cfg(*common, output_dir=straight, cache_dir=cache_dir),
+        compose_train_cfg(*common, f"ckpt_path={step_2}", output_dir=resumed, cache_dir=cache_dir),
+    )
     _assert_same_training(straight, resumed, range(2, 6))
