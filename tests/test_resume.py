@@ -46,7 +46,7 @@ def _assert_same_training(straight: Path, resumed: Path, steps: range) -> None:
 
 
 def _train_in(compose_cfg, run_dir: Path, *overrides: str) -> None:
-    cfg = compose_cfg(*EXACT, "trainer.max_steps=20", *overrides)
+    cfg = compose_cfg(*EXACT, "trainer.max_steps=8", *overrides)
     cfg.paths.output_dir = str(run_dir)
     cfg.callbacks.model_checkpoint.dirpath = str(run_dir / "checkpoints")
     cfg.logger.csv.save_dir = str(run_dir)
@@ -59,14 +59,14 @@ def _train_in(compose_cfg, run_dir: Path, *overrides: str) -> None:
     [
         pytest.param([], id="mid-epoch"),
         # the checkpoint falls on the epoch's last batch: the next epoch draws a fresh order
-        pytest.param(["+trainer.limit_train_batches=10"], id="epoch-boundary"),
+        pytest.param(["+trainer.limit_train_batches=4"], id="epoch-boundary"),
     ],
 )
 def test_resume_trains_exactly_as_the_run_that_went_on(compose_cfg, tmp_path, where):
     _train_in(compose_cfg, tmp_path / "straight", *where)
-    step_10 = tmp_path / "straight" / "checkpoints" / "step_000010.ckpt"
-    _train_in(compose_cfg, tmp_path / "resumed", f"ckpt_path={step_10}", *where)
-    _assert_same_training(tmp_path / "straight", tmp_path / "resumed", range(10, 20))
+    step_4 = tmp_path / "straight" / "checkpoints" / "step_000004.ckpt"
+    _train_in(compose_cfg, tmp_path / "resumed", f"ckpt_path={step_4}", *where)
+    _assert_same_training(tmp_path / "straight", tmp_path / "resumed", range(4, 8))
 
 
 class SeedByRank(L.Callback):
