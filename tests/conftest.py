@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -13,6 +19,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lit_transformers.train import main as train_entry_point
 from lit_transformers.train import train
 from lit_transformers.utils.config import RESOLVED_CONFIG_ENV
 from lit_transformers.utils.errors import USER_ERRORS
@@ -105,6 +112,49 @@ def train_cli(*overrides: str, **kwargs):
     return run_cli(sys.executable, str(REPO / "train.py"), *overrides, **kwargs)
 
 
+def run_main(main: Callable[[], object], *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A command's Hydra ``main`` run in this process as its command line runs it (``args`` as argv, with ``env``
+    added to the environment): its exit status and what it printed, as run_cli returns them, without the ~6 s of
+    CPU that a fresh python spends importing torch and Lightning. The logging that Hydra sets up for the run is
+    undone after it. What only a fresh process shows (signals, pipes, imports, the installed commands, DDP's
+    child processes) needs run_cli."""
+    root, hydra_logger = logging.getLogger(), logging.getLogger("hydra")
+    saved = [(logger, logger.handlers[:], logger.level) for logger in (root, hydra_logger)]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    returncode = 0
+    GlobalHydra.instance().clear()
+    with (
+        mock.patch.object(sys, "argv", [main.__module__, *args]),
+        mock.patch.dict(os.environ, env or {}),
+        redirect_stdout(stdout),
+        redirect_stderr(stderr),
+    ):
+        os.environ.pop(
+            RESOLVED_CONFIG_ENV, None
+        )  # as cli_env: no config inherited from a run in this process
+        try:
+            main()
+        except SystemExit as exit:  # as Python's exit: a message is printed and exits 1
+            if isinstance(exit.code, str):
+                print(exit.code, file=sys.stderr)
+            returncode = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+        finally:
+            GlobalHydra.instance().clear()
+            for logger, handlers, level in saved:
+                for handler in set(logger.handlers) - set(handlers):
+                    handler.close()  # the run's log file
+                logger.handlers[:] = handlers
+                logger.setLevel(level)
+    return subprocess.CompletedProcess(
+        [main.__module__, *args], returncode, stdout.getvalue(), stderr.getvalue()
+    )
+
+
+def train_main(*overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``train.py *overrides`` run in this process: run_main of train.py's main."""
+    return run_main(train_entry_point, *overrides, env=env)
+
+
 def assert_short_error(result, *needles: str, max_lines: int = 20) -> None:
     """A command that exited 1 with a message of under ``max_lines`` lines naming every needle, no traceback."""
     output = result.stderr + result.stdout
@@ -146,6 +196,20 @@ def ddp_cli(tmp_path, cache_dir):
         return run_dir
 
     return _run
+
+
+def train_on_two_ranks(*configs: DictConfig) -> list[dict[str, float]]:
+    """Each resolved train config (its trainer ddp_cpu) in turn, in one launch of 2 processes (tests/ddp_worker.py):
+    one start of the processes, their imports and their process group for all the runs. Each config is saved as
+    ddp_config.yaml in its paths.output_dir, where its run goes; returns each run's final metrics. Fails, showing
+    the end of stderr, unless every run succeeds."""
+    paths = [Path(cfg.paths.output_dir) / "ddp_config.yaml" for cfg in configs]
+    for cfg, path in zip(configs, paths):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, path)
+    result = run_cli(sys.executable, str(TESTS / "ddp_worker.py"), *map(str, paths), cwd=paths[0].parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads((path.parent / "metrics.json").read_text()) for path in paths]
 
 
 @pytest.fixture(scope="session")

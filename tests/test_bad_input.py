@@ -33,7 +33,7 @@ from lit_transformers.data.image_io import SkipUnreadable, _log_once
 from lit_transformers.train import train
 from lit_transformers.utils.errors import report_user_errors
 
-from conftest import TINY_LM, TINY_TRAINER, assert_user_error, train_cli
+from conftest import TINY_LM, TINY_TRAINER, assert_user_error, train_main
 from image_helpers import write_image_folder
 from test_bert_classify import write_locale
 from test_instructgpt import TINY as TINY_INSTRUCT
@@ -232,8 +232,8 @@ def _disk_full_on_save(monkeypatch) -> None:
 @dataclass(frozen=True)
 class Refused:
     """A run that must end in one paragraph naming ``needles``, exit 1: ``overrides`` given a folder and the tiny
-    GPT checkpoint; ``setup`` given pytest's monkeypatch; with ``launcher_env``, through the real command line
-    (a fresh process with those variables), where Hydra itself meets the problem."""
+    GPT checkpoint; ``setup`` given pytest's monkeypatch; with ``launcher_env``, through train.py's main (in this
+    process, those variables set), where Hydra itself meets the problem."""
 
     overrides: Callable[[Path, Path], list[str]]
     needles: tuple[str, ...]
@@ -301,9 +301,7 @@ REFUSED = {
 }
 
 
-@pytest.mark.parametrize(
-    "case", [pytest.param(c, marks=[pytest.mark.cli] if REFUSED[c].launcher_env else []) for c in REFUSED]
-)
+@pytest.mark.parametrize("case", list(REFUSED))
 def test_unloadable_files_a_full_disk_and_torchrun_without_a_job_id_end_in_one_paragraph(
     case, compose_cfg, tmp_path, tiny_lm_run, monkeypatch, capsys
 ):
@@ -315,7 +313,7 @@ def test_unloadable_files_a_full_disk_and_torchrun_without_a_job_id_end_in_one_p
     ]
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     if refused.launcher_env:
-        result = train_cli(*overrides, env=refused.launcher_env)
+        result = train_main(*overrides, env=refused.launcher_env)
         code, stderr = result.returncode, result.stderr
     else:
         cfg = compose_cfg(*overrides)

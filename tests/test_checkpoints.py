@@ -19,7 +19,7 @@ from lit_transformers.text import Tokenizer
 from lit_transformers.train import train
 from lit_transformers.utils.checkpoints import read_checkpoint
 
-from conftest import TINY_LM, assert_short_error, assert_user_error, compose_train_cfg, train_cli
+from conftest import TINY_LM, assert_short_error, assert_user_error, compose_train_cfg, train_main
 
 VIT_FAST = [
     "trainer.max_steps=2",
@@ -83,12 +83,11 @@ def test_a_pickled_tokenizer_path_is_read_only_when_trusted(checkpoints, compose
     assert Tokenizer.from_state(trained_with["tokenizer"]) == tokenizer
 
 
-@pytest.mark.cli
 def test_a_truncated_checkpoint_is_named_as_corrupt(checkpoints, tmp_path):
     data = checkpoints["gpt"].read_bytes()
     path = tmp_path / "truncated.ckpt"
     path.write_bytes(data[: len(data) // 2])
-    result = train_cli(*TINY_LM, f"ckpt_path={path}", f"hydra.run.dir={tmp_path / 'run'}")
+    result = train_main(*TINY_LM, f"ckpt_path={path}", f"hydra.run.dir={tmp_path / 'run'}")
     assert_short_error(result, str(path), "truncated or corrupt")
 
 

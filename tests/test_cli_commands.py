@@ -1,9 +1,11 @@
-"""The inference and utility commands as a user runs them: what each one's --help says, which checkpoints
-lit-generate takes, and one-paragraph errors for its bad settings. (lit-translate's own: tests/test_translation.py.)"""
+"""The inference and utility commands as a user runs them (the installed command's function, given its argv, in this
+process): what each one's --help says, which checkpoints lit-generate takes, and one-paragraph errors for its bad
+settings. (lit-translate's own: tests/test_translation.py; lit-train in a fresh process: tests/test_train.py.)"""
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from hydra.core.global_hydra import GlobalHydra
 from lit_transformers.generate import continuations
 from lit_transformers.tasks import CausalLMTask, DPOTask, PPOTask, RewardTask, SFTTask
 
-from conftest import assert_short_error, assert_user_error, run_cli
+from conftest import assert_short_error, assert_user_error, run_main
 
 PROMPTS = ["The for statement", "def"]
 SAMPLING = [f"prompts=[{','.join(PROMPTS)}]", "max_new_tokens=8", "temperature=0.8", "top_k=50", "seed=0"]
@@ -45,13 +47,18 @@ def stage_checkpoints(tiny_lm_run, tmp_path_factory) -> dict[str, Path]:
     return {name: folder / f"{name}.ckpt" for name in tasks}
 
 
+def command(name: str) -> Callable[[], object]:
+    """The function that the installed command ``name`` runs (pyproject.toml's [project.scripts])."""
+    (entry_point,) = entry_points(group="console_scripts", name=name)
+    return entry_point.load()
+
+
 def _generate_config(*overrides: str):
     GlobalHydra.instance().clear()
     with initialize_config_module("lit_transformers.conf", version_base="1.3"):
         return compose("generate", overrides=list(overrides))
 
 
-@pytest.mark.cli
 def test_lit_generate_continues_with_the_policy_of_sft_ppo_and_dpo_checkpoints(
     tiny_lm_run, stage_checkpoints
 ):
@@ -63,29 +70,22 @@ def test_lit_generate_continues_with_the_policy_of_sft_ppo_and_dpo_checkpoints(
         assert continuations(_generate_config(f"ckpt={stage_checkpoints[stage]}", *SAMPLING)) == expected, (
             stage
         )
-    command = [
-        sys.executable,
-        "-m",
-        "lit_transformers.generate",
-        f"ckpt={stage_checkpoints['dpo']}",
-        *SAMPLING,
-    ]
-    result = run_cli(*command, timeout=120)
+    result = run_main(command("lit-generate"), f"ckpt={stage_checkpoints['dpo']}", *SAMPLING)
     assert result.returncode == 0, result.stderr[-2000:]
     printed = "".join(f"--- {prompt!r}\n{prompt}{text}\n\n" for prompt, text in expected)
-    assert result.stdout.splitlines() == printed.splitlines()  # (text mode reads a sampled \r as a line end)
+    assert result.stdout.splitlines() == printed.splitlines()  # (a sampled \r ends a line too)
     reward = _generate_config(f"ckpt={stage_checkpoints['reward']}")
     assert_user_error(
         lambda: continuations(reward), "RewardTask", "a reward model scores text", "gpt_dpo run"
     )
 
 
-@pytest.mark.cli
 def test_lit_generate_refuses_settings_that_would_print_nothing_or_fail_before_loading(tmp_path):
     """Each is named before the checkpoint is read (there is none here); a mistyped value too, in one paragraph."""
-    command = [sys.executable, "-m", "lit_transformers.generate", f"ckpt={tmp_path / 'none.ckpt'}"]
     assert_short_error(
-        run_cli(*command, "max_new_tokens=abc", timeout=120), "max_new_tokens='abc'", "expected int"
+        run_main(command("lit-generate"), f"ckpt={tmp_path / 'none.ckpt'}", "max_new_tokens=abc"),
+        "max_new_tokens='abc'",
+        "expected int",
     )
     for override, needle in [
         ("max_new_tokens=-3", "max_new_tokens=-3 generates nothing"),
@@ -99,9 +99,8 @@ def test_lit_generate_refuses_settings_that_would_print_nothing_or_fail_before_l
         assert_user_error(lambda: continuations(cfg), needle)  # noqa: B023 - called at once
 
 
-@pytest.mark.cli
 @pytest.mark.parametrize(
-    "command, needles",
+    "name, needles",
     [
         (
             "lit-translate",
@@ -118,9 +117,9 @@ def test_lit_generate_refuses_settings_that_would_print_nothing_or_fail_before_l
         ),
     ],
 )
-def test_each_command_help_says_what_it_takes(command, needles, tmp_path):
+def test_each_command_help_says_what_it_takes(name, needles):
     """Its examples, keys and defaults; not the training config groups, which it does not take."""
-    result = run_cli(command, "--help", cwd=tmp_path, timeout=120)
+    result = run_main(command(name), "--help")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Configuration groups" not in result.stdout and "experiment:" not in result.stdout, result.stdout
     for needle in needles:

@@ -2,12 +2,10 @@
 what 1 process logs, and what a recompute in plain torch gives (sum of per-sample values / count). The test splits
 have an odd size, so the ranks get unequal shares: the case where a mean of rank means, or Lightning's
 ``sync_dist`` mean (which divides the summed batch sizes by the world size as integers), moves the value. Every
-family of a test runs in one launch of 2 processes (tests/ddp_eval_worker.py), each a few seconds."""
+family of a test runs in one launch of 2 processes (conftest.train_on_two_ranks), each a few seconds."""
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -17,14 +15,13 @@ import torch
 import torch.nn.functional as F
 from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_class, instantiate
-from omegaconf import OmegaConf
 from test_precision import FAMILIES
 
 from lit_transformers.nn import IGNORE_INDEX, ClipLoss
 from lit_transformers.train import train
 from lit_transformers.utils.checkpoints import use_checkpoint_tokenizers
 
-from conftest import TESTS, compose_train_cfg, run_cli
+from conftest import compose_train_cfg, train_on_two_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -47,17 +44,14 @@ def _evaluations(cases: dict[str, Case], root: Path, cache_dir: Path) -> dict[st
             *evaluate, *case.one_process, output_dir=root / family / "one", cache_dir=cache_dir
         )
         runs[family] = {"cfg": one, "checkpoint": checkpoint, "one": train(one).metrics}
-        two = compose_train_cfg(
-            *evaluate, "trainer=ddp_cpu", output_dir=root / family / "two", cache_dir=cache_dir
+        ddp_configs.append(
+            compose_train_cfg(
+                *evaluate, "trainer=ddp_cpu", output_dir=root / family / "two", cache_dir=cache_dir
+            )
         )
-        ddp_configs.append(root / family / "two" / "config.yaml")
-        ddp_configs[-1].parent.mkdir()
-        OmegaConf.save(two, ddp_configs[-1])
     GlobalHydra.instance().clear()
-    result = run_cli(sys.executable, str(TESTS / "ddp_eval_worker.py"), *map(str, ddp_configs), cwd=root)
-    assert result.returncode == 0, result.stderr[-3000:]
-    for family, path in zip(cases, ddp_configs):
-        runs[family]["two"] = json.loads((path.parent / "metrics.json").read_text())
+    for family, metrics in zip(cases, train_on_two_ranks(*ddp_configs)):
+        runs[family]["two"] = metrics
     return runs
 
 
@@ -195,6 +189,7 @@ DEFAULT = {
         ["data.test_fraction=0.15", "data.batch_size=4"], _word_classes
     ),  # 9 sentences
     "vit": Case(["data.test_fraction=0.07", "data.batch_size=16"], _image_classes),  # 127 images
+    "translation": Case([], _translations),  # an odd number of batches
 }
 ODD_PROMPTS = "data.test_fraction=0.075"  # 9 of data.n_examples=120
 SLOW = {
@@ -203,7 +198,6 @@ SLOW = {
     "gpt_reward": Case([ODD_PROMPTS], _preferences),
     "gpt_dpo": Case([ODD_PROMPTS], _policy_preferences),  # the experiment adds RPO
     "gpt_ppo": Case([ODD_PROMPTS], None),
-    "translation": Case([], _translations),
     # CLIP's loss gathers every batch, so its eval keeps DistributedSampler's padding: a repeat of the first image
     # evens out the odd split and must not count. Each rank's batch of 4 meets the other's, as one process's
     # batch of 8 holds both
@@ -273,11 +267,20 @@ def test_two_ranks_log_the_one_process_means_of_every_sample(default_runs, famil
     _assert_agree(default_runs[family], DEFAULT[family])
 
 
-@pytest.mark.slow  # one launch of 2 processes evaluating 7 families, after 14 runs in this process
+@pytest.mark.cli
+@pytest.mark.ddp
+def test_bleu_over_two_ranks_equals_one_process(default_runs):
+    """The test split is an odd number of batches, so the ranks get unequal shares; corpus BLEU/chrF are
+    computed from statistics summed over both (a rank-0-only or mean-of-ranks score would differ)."""
+    one, two = default_runs["translation"]["one"], default_runs["translation"]["two"]
+    assert one["test/bleu_identity"] > 0  # the sources share numbers and placeholders with the references
+    for key in ("test/bleu", "test/chrf", "test/bleu_identity", "test/chrf_identity", "test/loss"):
+        assert two[key] == pytest.approx(one[key], rel=1e-6), key
+
+
+@pytest.mark.slow  # one launch of 2 processes evaluating 6 families, after 12 runs in this process
 @pytest.mark.cli
 @pytest.mark.ddp
 @pytest.mark.parametrize("family", list(SLOW))
-def test_two_ranks_log_the_one_process_means_of_every_sample_in_the_gpt_translation_and_clip_families(
-    slow_runs, family
-):
+def test_two_ranks_log_the_one_process_means_of_every_sample_in_the_gpt_and_clip_families(slow_runs, family):
     _assert_agree(slow_runs[family], SLOW[family])

@@ -332,15 +332,6 @@ def test_dpo_computes_each_reference_logprob_once(compose_cfg):
     torch.testing.assert_close(cached, direct)
 
 
-@pytest.mark.cli
-@pytest.mark.ddp
-def test_ppo_under_ddp_cpu(ddp_cli):
-    run_dir = ddp_cli(
-        "experiment=gpt_ppo", *TINY, *TINY_DATA, *TINY_TASK, "trainer.max_steps=4", "test=false", timeout=240
-    )
-    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
-
-
 def test_the_stages_show_the_step_bar_of_every_experiment_across_epochs(compose_cfg, capfd):
     default = compose_cfg().callbacks.progress_bar
     for experiment in INSTRUCT_EXPERIMENTS:

@@ -19,7 +19,7 @@ from lit_transformers.data.instructions import InstructionDataModule
 from lit_transformers.tasks.dpo import DPOTask
 from lit_transformers.text.instructions import MIXES, TASKS, judge, make_example, make_examples
 
-from conftest import assert_short_error, train_cli
+from conftest import assert_short_error, train_main
 
 WORDS = ["ash", "oak", "elm", "fir", "yew", "bay"]
 
@@ -117,7 +117,7 @@ def test_sft_records_without_a_completion_are_skipped_and_a_split_of_them_refuse
 def test_a_reward_run_on_pairs_that_teach_nothing_exits_1_before_training(tmp_path):
     records = [r | {"rejected": r["chosen"]} for r in pairs()]
     path = write_jsonl(tmp_path / "same.jsonl", records)
-    result = train_cli(
+    result = train_main(
         "experiment=gpt_reward",
         "data.source=jsonl",
         f"data.path={path}",

@@ -24,7 +24,7 @@ from lit_transformers.train import train
 from lit_transformers.utils.checkpoint_io import AtomicCheckpointIO
 from lit_transformers.utils.run_folder import RunFolderGuard
 
-from conftest import REPO, TINY_LM, cli_env, train_cli
+from conftest import REPO, TINY_LM, cli_env, train_main
 
 # long enough never to finish on its own; each logged row reaches metrics.csv at once, so the test can see steps
 ENDLESS = [
@@ -155,11 +155,10 @@ def _earlier_run(run_dir: Path) -> dict[str, bytes]:
     return _snapshot(run_dir)
 
 
-@pytest.mark.cli
 def test_a_new_run_into_a_used_run_folder_is_refused_and_changes_nothing(tmp_path):
     run_dir = tmp_path / "run"
     before = _earlier_run(run_dir)
-    result = train_cli(*TINY_LM, f"hydra.run.dir={run_dir}", timeout=120)
+    result = train_main(*TINY_LM, f"hydra.run.dir={run_dir}")
     assert result.returncode == 1
     message = result.stderr.strip()
     assert f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}" in message and "hydra.run.dir=" in message
@@ -167,15 +166,14 @@ def test_a_new_run_into_a_used_run_folder_is_refused_and_changes_nothing(tmp_pat
     assert _snapshot(run_dir) == before  # not even Hydra's .hydra/ or log file
 
 
-@pytest.mark.cli
 def test_a_failed_run_into_a_folder_of_user_logs_removes_only_what_it_wrote(tmp_path, cache_dir):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "experiment-notes.log").write_text("lr sweep, day 2\n")  # a log alone does not make a run
     missing = tmp_path / "missing.txt"
-    result = train_cli(
+    result = train_main(
         *TINY_LM, f"hydra.run.dir={run_dir}", f"paths.cache_dir={cache_dir}", "data.corpus.source=path",
-        f"data.corpus.path={missing}", timeout=120,
+        f"data.corpus.path={missing}",
     )  # fmt: skip
     assert result.returncode == 1 and str(missing) in result.stderr, result.stderr[-2000:]
     assert _snapshot(run_dir) == {"experiment-notes.log": b"lr sweep, day 2\n"}  # no config, no job log

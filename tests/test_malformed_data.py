@@ -15,7 +15,7 @@ from lit_transformers.data.text_classification import TextClassificationDataModu
 from lit_transformers.data.token_classification import TokenClassificationDataModule, read_conll
 from lit_transformers.data.translation import TranslationDataModule, read_parallel_file
 
-from conftest import assert_short_error, assert_user_error, train_cli
+from conftest import assert_short_error, assert_user_error, train_main
 
 # one reader per family, each given a file of one record holding "Hallé" (in the first field) and the key it uses
 READERS = {
@@ -119,7 +119,7 @@ def test_an_integer_sft_answer_is_one_paragraph_naming_its_line(tmp_path, cache_
     path = tmp_path / "sft.jsonl"
     rows = [{"prompt": f"Count: {'a ' * i}\nAnswer:", "completion": f" {i}", "answer": i} for i in range(40)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = train_cli(
+    result = train_main(
         "experiment=gpt_sft", "data.source=jsonl", f"data.path={path}", f"hydra.run.dir={tmp_path / 'run'}",
         f"paths.cache_dir={cache_dir}", "model.n_layer=1", "model.n_head=2", "model.d_model=32",
         "data.vocab_size=300", "trainer.max_steps=2",

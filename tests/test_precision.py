@@ -5,7 +5,6 @@ far below any tiny model's gradient norm."""
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from lit_transformers.train import train
 
-from conftest import TINY_LM, TINY_TRAINER, train_cli
+from conftest import TINY_LM, TINY_TRAINER
 from test_bert_classify import write_locale
 from test_bert_train import TINY_BERT, TINY_MODEL
 from test_instructgpt import TINY, TINY_DATA, TINY_TASK
@@ -138,19 +137,3 @@ def test_gpu_trainer_preset_runs_on_cpu(compose_cfg):
     metrics, norms = step_grad_norms(cfg)
     assert len(norms) == 2 and all(n <= 1.0 + 1e-2 for n in norms), norms
     assert all(math.isfinite(v) for v in metrics.values()), metrics
-
-
-@pytest.mark.ddp
-@pytest.mark.cli
-def test_ddp_trainer_preset_runs_on_two_cpu_processes(tmp_path, cache_dir):
-    """trainer=ddp (its strategy, bf16-mixed, the default clip) with two CPU processes and gloo for NCCL."""
-    run_dir = tmp_path / "ddp"
-    cpu = ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy.process_group_backend=gloo"]
-    result = train_cli(
-        *TINY_LM, *SHORT, "trainer=ddp", *cpu,
-        f"hydra.run.dir={run_dir}", f"paths.log_dir={tmp_path}", f"paths.cache_dir={cache_dir}",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = list(csv.DictReader((run_dir / "csv" / "metrics.csv").open()))
-    losses = [float(row["train/loss"]) for row in rows if row.get("train/loss")]
-    assert len(losses) == 2 and all(math.isfinite(v) for v in losses), rows

@@ -12,7 +12,7 @@ import torch
 
 from lit_transformers.train import train
 
-from conftest import TINY_LM
+from conftest import TINY_LM, compose_train_cfg, train_on_two_ranks
 
 # dropout on, so that a resumed run matches only if it also draws the same random numbers; a validation and a
 # checkpoint every 2 steps (TINY_LM), all kept, so validation runs between a checkpoint and the steps compared
@@ -46,7 +46,7 @@ def _assert_same_training(straight: Path, resumed: Path, steps: range) -> None:
 
 
 def _train_in(compose_cfg, run_dir: Path, *overrides: str) -> None:
-    cfg = compose_cfg(*EXACT, "trainer.max_steps=20", *overrides)
+    cfg = compose_cfg(*EXACT, "trainer.max_steps=8", *overrides)
     cfg.paths.output_dir = str(run_dir)
     cfg.callbacks.model_checkpoint.dirpath = str(run_dir / "checkpoints")
     cfg.logger.csv.save_dir = str(run_dir)
@@ -59,14 +59,14 @@ def _train_in(compose_cfg, run_dir: Path, *overrides: str) -> None:
     [
         pytest.param([], id="mid-epoch"),
         # the checkpoint falls on the epoch's last batch: the next epoch draws a fresh order
-        pytest.param(["+trainer.limit_train_batches=10"], id="epoch-boundary"),
+        pytest.param(["+trainer.limit_train_batches=4"], id="epoch-boundary"),
     ],
 )
 def test_resume_trains_exactly_as_the_run_that_went_on(compose_cfg, tmp_path, where):
     _train_in(compose_cfg, tmp_path / "straight", *where)
-    step_10 = tmp_path / "straight" / "checkpoints" / "step_000010.ckpt"
-    _train_in(compose_cfg, tmp_path / "resumed", f"ckpt_path={step_10}", *where)
-    _assert_same_training(tmp_path / "straight", tmp_path / "resumed", range(10, 20))
+    step_4 = tmp_path / "straight" / "checkpoints" / "step_000004.ckpt"
+    _train_in(compose_cfg, tmp_path / "resumed", f"ckpt_path={step_4}", *where)
+    _assert_same_training(tmp_path / "straight", tmp_path / "resumed", range(4, 8))
 
 
 class SeedByRank(L.Callback):
@@ -79,9 +79,20 @@ class SeedByRank(L.Callback):
 
 @pytest.mark.cli
 @pytest.mark.ddp
-def test_resume_is_exact_under_ddp(tmp_path, ddp_cli):
-    common = [*EXACT, "trainer.max_steps=6", "+callbacks.seed_by_rank._target_=test_resume.SeedByRank"]
-    straight = ddp_cli(*common, run_dir=tmp_path / "straight")
-    step_2 = straight / "checkpoints" / "step_000002.ckpt"
-    resumed = ddp_cli(*common, f"ckpt_path={step_2}", run_dir=tmp_path / "resumed")
+def test_resume_is_exact_under_ddp(tmp_path, cache_dir):
+    """The straight run, then the run resumed from its step 2, in one launch of 2 processes."""
+    common = [
+        *EXACT,
+        "trainer=ddp_cpu",
+        "trainer.max_steps=6",
+        "+callbacks.seed_by_rank._target_=test_resume.SeedByRank",
+    ]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    step_2 = (
+        straight / "checkpoints" / "step_000002.ckpt"
+    )  # written by the first run, before the second starts
+    train_on_two_ranks(
+        compose_train_cfg(*common, output_dir=straight, cache_dir=cache_dir),
+        compose_train_cfg(*common, f"ckpt_path={step_2}", output_dir=resumed, cache_dir=cache_dir),
+    )
     _assert_same_training(straight, resumed, range(2, 6))

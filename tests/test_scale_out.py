@@ -20,7 +20,7 @@ from lit_transformers.utils.run_folder import (
     requeued_checkpoint,
 )
 
-from conftest import REPO, TINY_LM, cli_env, train_cli
+from conftest import REPO, TINY_LM, cli_env, train_cli, train_main
 
 # a validation and a checkpoint at step 2 and 4, nothing after training
 RUN = [*TINY_LM, "test=false", "sample=null"]
@@ -134,10 +134,9 @@ def test_the_trials_of_a_sweep_share_one_wandb_group_and_a_single_run_has_none(c
         assert cfg.logger.wandb.group == "gpt-2026-11-29_21-00-00"
 
 
-@pytest.mark.cli
 def test_optuna_sweep_of_three_trials_reports_the_best_one(tmp_path, cache_dir):
     sweep = tmp_path / "sweep"
-    result = train_cli(
+    result = train_main(
         "hparams_search=gpt_optuna",
         "hydra.sweeper.n_trials=3",
         "hydra.sweeper.sampler.n_startup_trials=2",

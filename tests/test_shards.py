@@ -182,12 +182,13 @@ def test_shards_refuse_another_split_than_they_were_written_with(pydoc_shards):
 
 
 def test_resume_from_shards_trains_exactly_as_the_run_that_went_on(compose_cfg, tmp_path, pydoc_shards):
-    # a validation and a checkpoint every 5 steps: one validation between the checkpoint and the steps compared
-    common = [f"data.shards_dir={pydoc_shards}", "trainer.val_check_interval=5"]
+    # a validation and a checkpoint every 2 steps (test_resume's runs): one validation between the checkpoint and the
+    # steps compared
+    common = [f"data.shards_dir={pydoc_shards}"]
     _train_in(compose_cfg, tmp_path / "straight", *common)
-    step_10 = tmp_path / "straight" / "checkpoints" / "step_000010.ckpt"
-    _train_in(compose_cfg, tmp_path / "resumed", *common, f"ckpt_path={step_10}")
-    _assert_same_training(tmp_path / "straight", tmp_path / "resumed", range(10, 20))
+    step_4 = tmp_path / "straight" / "checkpoints" / "step_000004.ckpt"
+    _train_in(compose_cfg, tmp_path / "resumed", *common, f"ckpt_path={step_4}")
+    _assert_same_training(tmp_path / "straight", tmp_path / "resumed", range(4, 8))
 
 
 PEAK_RSS = textwrap.dedent(

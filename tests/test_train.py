@@ -14,6 +14,7 @@ from lightning.pytorch.plugins.environments import SLURMEnvironment
 from lightning.pytorch.strategies import SingleDeviceStrategy
 from omegaconf import OmegaConf
 
+from lit_transformers.generate import main as generate_entry_point
 from lit_transformers.tasks import CausalLMTask
 from lit_transformers.text import Tokenizer
 from lit_transformers.train import train
@@ -23,12 +24,12 @@ from lit_transformers.utils.config import ConfigError, check_required, check_typ
 from conftest import (
     EXPERIMENTS,
     LM_EXPERIMENTS,
-    REPO,
     TINY_LM,
     assert_short_error,
     assert_user_error,
     run_cli,
-    train_cli,
+    run_main,
+    train_main,
 )
 
 
@@ -157,7 +158,6 @@ def test_test_only_run_evaluates_the_given_checkpoint(compose_cfg, tmp_path):
     assert again["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-4)
 
 
-@pytest.mark.cli
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
@@ -166,7 +166,7 @@ def test_test_only_run_evaluates_the_given_checkpoint(compose_cfg, tmp_path):
     ],
 )
 def test_bad_config_fails_fast_with_a_short_message(override, expected, tmp_path):
-    result = train_cli(override, f"hydra.run.dir={tmp_path / 'run'}", timeout=120)
+    result = train_main(override, f"hydra.run.dir={tmp_path / 'run'}")
     listed = len(EXPERIMENTS) if override.startswith("experiment=") else 0  # Hydra lists every experiment
     assert_short_error(result, expected, max_lines=20 + listed)
     assert not (tmp_path / "run").exists()  # a run that failed before producing anything leaves no folder
@@ -217,25 +217,19 @@ def test_lit_train_prints_config_from_any_directory(tmp_path):
     assert printed.model.n_layer == 3 and printed.data._target_.endswith("CausalLMDataModule")
 
 
-@pytest.mark.cli
 def test_generate_command_continues_a_prompt(tiny_lm_run):
-    result = run_cli(
-        "python",
-        "-m",
-        "lit_transformers.generate",
+    result = run_main(
+        generate_entry_point,
         f"ckpt={tiny_lm_run / 'checkpoints' / 'last.ckpt'}",
         "prompt=The for",
         "max_new_tokens=5",
-        cwd=REPO,
-        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "The for" in result.stdout
 
 
-@pytest.mark.cli
 def test_multirun_gives_each_job_its_own_config_and_wandb_run(tmp_path):
-    result = train_cli(
+    result = train_main(
         "-m",
         "seed=1,2",
         "logger=wandb",

@@ -1,6 +1,6 @@
-"""Translation data, metrics, schedule and runs: gettext pairs, parallel files, token-budget batches, sacreBLEU
-reduced over ranks, the inverse-sqrt schedule, the experiments end to end. (The model and decoding are in
-tests/test_seq2seq_model.py.)"""
+"""Translation data, metrics, schedule and runs: gettext pairs, parallel files, token-budget batches, sacreBLEU,
+the inverse-sqrt schedule, the experiments end to end. (The model and decoding are in tests/test_seq2seq_model.py;
+sacreBLEU reduced over 2 DDP ranks in tests/test_ddp_metrics.py.)"""
 
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ from lit_transformers.tasks.evaluation import CorpusScore
 from lit_transformers.text import MARIAN_SPECIAL_TOKENS, Tokenizer
 from lit_transformers.train import train
 from lit_transformers.translate import load_task
+from lit_transformers.translate import main as translate_entry_point
 
-from conftest import TINY_TRAINER, assert_short_error, assert_user_error, cli_env, compose_train_cfg, run_cli
+from conftest import TINY_TRAINER, assert_short_error, assert_user_error, cli_env, compose_train_cfg, run_main
 from test_bert_classify import write_mo
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -301,45 +302,18 @@ def test_lit_translate_stops_quietly_when_its_reader_leaves(endless_checkpoint):
     assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
 
 
-@pytest.mark.cli
 def test_lit_translate_names_bad_settings_before_loading(tmp_path):
     """A mistyped key in one paragraph, and an encoding that is unknown or not ASCII-compatible (stdin is split at
     newline bytes), each before the checkpoint is read (there is none here)."""
     missing = tmp_path / "none.ckpt"
     assert_short_error(
-        run_cli(*_lit_translate(missing, "beam=abc"), timeout=120), "beam='abc'", "expected int"
+        run_main(translate_entry_point, f"ckpt={missing}", "beam=abc"), "beam='abc'", "expected int"
     )
     for encoding, needle in [("foo", "not a text encoding"), ("utf-16", "iconv -f utf-16 -t utf-8")]:
         GlobalHydra.instance().clear()
         with initialize_config_module("lit_transformers.conf", version_base="1.3"):
             cfg = compose("translate", overrides=[f"ckpt={missing}", f"encoding={encoding}"])
         assert_user_error(lambda: load_task(cfg), f"encoding={encoding}", needle)  # noqa: B023 - called at once
-
-
-@pytest.mark.cli
-@pytest.mark.ddp
-def test_bleu_over_two_ranks_equals_one_process(compose_cfg, tiny_run, ddp_cli):
-    """The test split is an odd number of batches, so the ranks get unequal shares; corpus BLEU/chrF are
-    computed from statistics summed over both (a rank-0-only or mean-of-ranks score would differ)."""
-    root, _ = tiny_run
-    checkpoint = root / "run" / "checkpoints" / "last.ckpt"
-    evaluate = [
-        *_translation(root / "locale"),
-        "train=false",
-        f"ckpt_path={checkpoint}",
-        "trainer.limit_test_batches=1.0",
-    ]
-    one = compose_cfg(*evaluate)
-    single = train(one).metrics
-    test_batches = TranslationDataModule(**{k: v for k, v in one.data.items() if k != "_target_"})
-    test_batches.setup()
-    assert len(test_batches.datasets["test"]) % 2 == 1
-    two = ddp_cli(*evaluate)
-    rows = list(csv.DictReader(open(two / "csv" / "metrics.csv")))
-    ddp = {k: float(v) for row in rows for k, v in row.items() if v and k.startswith("test/")}
-    assert single["test/bleu_identity"] > 0
-    for key in ("test/bleu", "test/chrf", "test/bleu_identity", "test/chrf_identity", "test/loss"):
-        assert ddp[key] == pytest.approx(single[key], rel=1e-6), key
 
 
 def test_hub_translation_dataset_from_a_local_copy(tmp_path):

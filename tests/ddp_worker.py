@@ -1,7 +1,7 @@
-"""Run by test_ddp_metrics (``python tests/ddp_eval_worker.py CFG.yaml ...``): each resolved train config (an
-evaluation on ``trainer=ddp_cpu``) in turn, in one launch of 2 processes: the first trainer starts rank 1, which
-runs this same list, and the later trainers find both ranks there. Rank 0 writes each run's final metrics to
-``metrics.json`` beside its config."""
+"""Run by conftest.train_on_two_ranks (``python tests/ddp_worker.py CFG.yaml ...``): each resolved train config (on
+``trainer=ddp_cpu``) in turn, in one launch of 2 processes: the first trainer starts rank 1, which runs this same
+list, and the later trainers find both ranks there. Rank 0 writes each run's final metrics to ``metrics.json``
+beside its config."""
 
 from __future__ import annotations
 
