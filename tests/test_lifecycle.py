@@ -118,6 +118,21 @@ def test_second_ctrl_c_is_left_to_the_os_which_quits_at_once():
         signal.signal(signal.SIGTERM, before[1])
 
 
+def test_training_in_this_process_gives_back_the_signal_handlers_it_found(compose_cfg):
+    def mine(signum, frame):
+        raise AssertionError("not called")
+
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGINT, mine)
+        signal.signal(signal.SIGTERM, mine)
+        train(compose_cfg(*TINY_LM, "trainer.max_steps=2", "test=false"))
+        assert signal.getsignal(signal.SIGINT) is mine and signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])
+
+
 def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
     io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
     io.save_checkpoint({"global_step": 1}, path)
