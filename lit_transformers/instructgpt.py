@@ -189,13 +189,25 @@ def stage_overrides(stage: str, sources: dict[str, str], done: dict[str, dict]) 
     return overrides
 
 
-def chain_data(cfg: DictConfig, stage: str) -> list[str]:
-    """The chain's instruction-data keys (``data.kinds=hard``) as overrides of every stage after pretrain, before the
-    stage's own overrides (which win); null keys leave each stage its own."""
+def chain_keys(cfg: DictConfig, stage: str) -> list[str]:
+    """The chain's keys as overrides of a stage, before the stage's own (which win): its instruction-data keys
+    (``data.kinds=hard``) for every stage after pretrain, its ``lora`` for every one of them that trains. Null keys
+    leave each stage its own."""
     if stage == "pretrain":
         return []
-    given = OmegaConf.to_container(cfg.data)
-    return [f"data.{key}={json.dumps(value)}" for key, value in given.items() if value is not None]
+    given = {f"data.{key}": value for key, value in OmegaConf.to_container(cfg.data).items()}
+    if stage != "label":
+        given["task.lora"] = OmegaConf.to_container(cfg.lora) if cfg.lora is not None else None
+    return [f"{key}={override_value(value)}" for key, value in given.items() if value is not None]
+
+
+def override_value(value) -> str:
+    """``value`` in Hydra's override grammar: strings quoted, mapping keys bare (``{r: 16, alpha: 32}``)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {override_value(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(override_value(item) for item in value) + "]"
+    return json.dumps(value)  # a string quoted (escapes too), numbers as they are, true/false/null
 
 
 def compose_stage(overrides: list[str], output_dir: Path, parent: str | None) -> DictConfig:
@@ -288,7 +300,7 @@ def run_chain(cfg: DictConfig) -> dict[str, dict[str, float]]:
         preset = [f"model={CHAIN_MODEL}"] if hub or not sources else []
         overrides = [
             *preset,
-            *chain_data(cfg, stage),
+            *chain_keys(cfg, stage),
             *cfg.stage_configs[stage],
             *cfg.common,
             *stage_overrides(stage, sources, done),

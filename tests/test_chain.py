@@ -103,6 +103,17 @@ def test_chain_runs_every_stage_feeds_the_next_and_resumes(tmp_path, cache_dir, 
     assert "ppo judge_score" in capsys.readouterr().out  # the printed table
 
 
+def test_the_chains_lora_reaches_every_stage_after_pretrain_that_trains(tmp_path, cache_dir):
+    cfg = _tiny_chain(tmp_path / "run", ["pretrain", "sft", "dpo"], cache_dir, "lora={r: 2, alpha: 4}")
+    chain(cfg)
+    for stage, lora in (("pretrain", None), ("sft", {"r": 2, "alpha": 4}), ("dpo", {"r": 2, "alpha": 4})):
+        config = OmegaConf.load(tmp_path / "run" / stage / "config_resolved.yaml")
+        assert (OmegaConf.to_container(config.task.lora) if config.task.lora else None) == lora, stage
+    sft = json.loads((tmp_path / "run" / "sft" / "stage.json").read_text())["checkpoint"]
+    weights = torch.load(tmp_path / "run" / sft, map_location="cpu", weights_only=False)["state_dict"]
+    assert any("lora_A" in key for key in weights)  # adapters trained, from pretrain's frozen weights
+
+
 def test_chain_feeds_on_the_checkpoint_judged_best_not_the_latest(tmp_path, cache_dir):
     # two checkpoints kept, "best" by the highest val/loss: the earlier one, unless the loss rose
     cfg = _chain_config()
