@@ -5,7 +5,7 @@ Face model, all four holding the same weights and computing the same loss:
 - ``lora``: the same GPT with ``task.lora``'s adapters (``tasks.lora.add_adapters``, peft's LoRA layers on our
   fused projections, the default targets), its base frozen;
 - ``peft``: ``transformers.LlamaForCausalLM`` exported from our GPT (``--layout gpt2``: ``GPT2LMHeadModel``) with
-  our adapters loaded through ``PeftModel.from_pretrained`` (``tasks.lora.save_peft_adapter``: on HF's separate
+  our adapters loaded through ``PeftModel.from_pretrained`` (``tasks.lora_export.save_peft_adapter``: on HF's separate
   q/k/v and gate/up projections, each its copy of our shared A and its rows of B), so the same function at
   identical numerics (fp32, SDPA, ATen's SiLU); the first-batch losses are printed to show it.
 
@@ -30,7 +30,8 @@ from gpt_step import fused_head_loss, hf_loss, make_step
 from timing import add_round_args, kept_note, quiet_rounds, ratio_spread
 from torch import nn
 
-from lit_transformers.tasks.lora import LoRASpec, add_adapters, save_peft_adapter
+from lit_transformers.tasks.lora import LoRASpec, add_adapters
+from lit_transformers.tasks.lora_export import save_peft_adapter
 
 from gpt_pair import add_model_args, same_weight_pair
 

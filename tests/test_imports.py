@@ -66,3 +66,18 @@ def test_old_checkpoint_targets_still_resolve():
 
     assert get_object("lit_transformers.models.GPTConfig") is GPTConfig
     assert get_object("lit_transformers.tasks.warmup_cosine") is warmup_cosine
+
+
+def test_every_benchmark_script_imports_what_it_names(monkeypatch):
+    # a function moved between modules once broke benchmarks/lora_step.py without a test noticing
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    before = set(sys.modules)
+    try:
+        for script in sorted((REPO / "benchmarks").glob("*.py")):
+            importlib.import_module(script.stem)
+    finally:
+        for name in (
+            set(sys.modules) - before
+        ):  # the scripts' generic names (timing, generate) leave with them
+            if getattr(sys.modules[name], "__file__", "") and "benchmarks" in sys.modules[name].__file__:
+                del sys.modules[name]
