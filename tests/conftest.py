@@ -120,6 +120,12 @@ def run_main(main: Callable[[], object], *args: str, env: dict | None = None) ->
     child processes) needs run_cli."""
     root, hydra_logger = logging.getLogger(), logging.getLogger("hydra")
     saved = [(logger, logger.handlers[:], logger.level) for logger in (root, hydra_logger)]
+    # Hydra's job logging (dictConfig) disables every logger that exists before it: the next test's caplog would
+    # hear nothing from them
+    existing = [
+        logger for logger in logging.root.manager.loggerDict.values() if isinstance(logger, logging.Logger)
+    ]
+    disabled = [(logger, logger.disabled) for logger in existing]
     stdout, stderr = io.StringIO(), io.StringIO()
     returncode = 0
     GlobalHydra.instance().clear()
@@ -145,6 +151,8 @@ def run_main(main: Callable[[], object], *args: str, env: dict | None = None) ->
                     handler.close()  # the run's log file
                 logger.handlers[:] = handlers
                 logger.setLevel(level)
+            for logger, was_disabled in disabled:
+                logger.disabled = was_disabled
     return subprocess.CompletedProcess(
         [main.__module__, *args], returncode, stdout.getvalue(), stderr.getvalue()
     )
