@@ -45,7 +45,7 @@ from lit_transformers.labeling import label_comparisons
 from lit_transformers.tasks.base import parent_model_config
 from lit_transformers.train import train
 from lit_transformers.utils.checkpoints import read_checkpoint
-from lit_transformers.utils.config import ConfigError, check_required, check_types
+from lit_transformers.utils.config import ConfigError, as_override, check_required, check_types
 from lit_transformers.utils.errors import report_user_errors
 from lit_transformers.utils.run_folder import keep_earlier_csv_logs
 from lit_transformers.utils.run_report import report_interruptions, this_command
@@ -198,16 +198,7 @@ def chain_keys(cfg: DictConfig, stage: str) -> list[str]:
     given = {f"data.{key}": value for key, value in OmegaConf.to_container(cfg.data).items()}
     if stage != "label":
         given["task.lora"] = OmegaConf.to_container(cfg.lora) if cfg.lora is not None else None
-    return [f"{key}={override_value(value)}" for key, value in given.items() if value is not None]
-
-
-def override_value(value) -> str:
-    """``value`` in Hydra's override grammar: strings quoted, mapping keys bare (``{r: 16, alpha: 32}``)."""
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{key}: {override_value(item)}" for key, item in value.items()) + "}"
-    if isinstance(value, list):
-        return "[" + ", ".join(override_value(item) for item in value) + "]"
-    return json.dumps(value)  # a string quoted (escapes too), numbers as they are, true/false/null
+    return [f"{key}={as_override(value)}" for key, value in given.items() if value is not None]
 
 
 def compose_stage(overrides: list[str], output_dir: Path, parent: str | None) -> DictConfig:

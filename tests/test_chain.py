@@ -114,6 +114,21 @@ def test_the_chains_lora_reaches_every_stage_after_pretrain_that_trains(tmp_path
     assert any("lora_A" in key for key in weights)  # adapters trained, from pretrain's frozen weights
 
 
+@pytest.mark.parametrize(
+    "value",
+    [None, True, 64, 1e-5, float("inf"), "rmsnorm", "val/judge_exact", "/tmp/a-b/c.ckpt", "true", "1", "a b", "x,y",
+     'say "hi"', ["sort", "last"], {"r": 16, "alpha": 32, "target_modules": ["attn.qkv", "mlp fc"]},
+     {"type": "linear", "factor": 2.0}],
+)  # fmt: skip
+def test_overrides_written_for_stages_read_back_as_their_value_in_hydras_grammar(value):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from lit_transformers.utils.config import as_override
+
+    parsed = OverridesParser.create().parse_override(f"key={as_override(value)}").value()
+    assert parsed == value and type(parsed) is type(value)
+
+
 def test_chain_feeds_on_the_checkpoint_judged_best_not_the_latest(tmp_path, cache_dir):
     # two checkpoints kept, "best" by the highest val/loss: the earlier one, unless the loss rose
     cfg = _chain_config()

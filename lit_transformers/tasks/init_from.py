@@ -11,6 +11,7 @@ from lit_transformers.tasks import lora as lora_adapters
 from lit_transformers.tasks.specs import load_weights, model_weights
 from lit_transformers.text import Tokenizer
 from lit_transformers.utils.checkpoints import read_checkpoint
+from lit_transformers.utils.config import as_override
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +30,6 @@ def parent_model_config(checkpoint: Mapping, ours: Mapping) -> dict:
         for k, v in theirs.items()
         if k not in TRAINING_FIELDS and not k.startswith("_") and ours.get(k) != v
     }
-
-
-def as_override(value) -> str:
-    """``value`` as a command-line override writes it (``null``, ``true``)."""
-    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def load_parent(task, target: str, path: str) -> None:

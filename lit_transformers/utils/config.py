@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -12,6 +14,25 @@ from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 RESOLVED_CONFIG_ENV = "LIT_TRANSFORMERS_RESOLVED_CONFIG"
+
+
+# a string the override grammar reads back as that string without quotes (not a number, bool or null)
+BARE_STRING = re.compile(r"(?!(?:true|false|null|nan|inf)$)[A-Za-z_][\w./-]*", re.IGNORECASE)
+
+
+def as_override(value) -> str:
+    """``value`` as a command-line override writes it, in Hydra's grammar: ``null``, ``true``, plain strings bare and
+    others quoted, ``[a, b]``, mappings with bare keys (``{r: 16, alpha: 32}``)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {as_override(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(as_override(item) for item in value) + "]"
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return str(value)  # 1e-05, inf: as the grammar reads them
+    text = str(value)
+    return text if BARE_STRING.fullmatch(text) else json.dumps(text)
 
 
 class ConfigError(ValueError):
