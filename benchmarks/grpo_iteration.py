@@ -18,7 +18,7 @@ import argparse
 import statistics
 
 import torch
-from rl_iteration import add_model_args, random_rl_task, time_iteration
+from rl_iteration import add_model_args, print_iteration, print_rates, random_rl_task, time_iteration
 from timing import add_round_args, kept_note, quiet_rounds
 
 import lit_transformers.tasks.grpo as grpo_module
@@ -72,19 +72,12 @@ def main() -> None:
     if not seconds["batched"]:
         return
     together, apart = (n_tokens / statistics.median(seconds[k]) for k in ("batched", "per sample"))
-    print(
-        f"  {B * G} rows at once   {together:9.1f} tok/s\n  {G} x {B} rows        {apart:9.1f} tok/s\n"
-        f"  ratio           {together / apart:9.2f}x"
-    )
+    print_rates({f"{B * G} rows at once": together, f"{G} x {B} rows": apart})
 
     # ---- one GRPO iteration, split ------------------------------------------------------------------------
     med = time_iteration(task, grpo_module, prompts, args.iterations, args.num_iterations)
-    print(
-        f"GRPO iteration ({B} x {G} completions, num_iterations {args.num_iterations}, beta {args.beta}), "
-        f"median of {args.iterations}: {med['step']:.3f} s"
-    )
-    for key, name in (("rollout", "generation"), ("scoring", "scoring"), ("update", "update")):
-        print(f"  {name:<10} {med[key]:7.3f} s  {100 * med[key] / med['step']:5.1f} %")
+    title = f"GRPO iteration ({B} x {G} completions, num_iterations {args.num_iterations}, beta {args.beta})"
+    print_iteration(title, med, args.iterations)
 
 
 if __name__ == "__main__":

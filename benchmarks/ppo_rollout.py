@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from rl_iteration import add_model_args, random_rl_task, time_iteration
+from rl_iteration import add_model_args, print_iteration, print_rates, random_rl_task, time_iteration
 from timing import add_round_args, kept_note, quiet_rounds
 
 import lit_transformers.tasks.ppo as ppo_module
@@ -53,17 +53,11 @@ def main() -> None:
     if not seconds["cached"]:
         return
     cached, uncached = (n_tokens / statistics.median(seconds[c]) for c in ("cached", "uncached"))
-    print(
-        f"  KV cache    {cached:9.1f} tok/s\n  no cache    {uncached:9.1f} tok/s\n  ratio       {cached / uncached:9.2f}x"
-    )
+    print_rates({"KV cache": cached, "no cache": uncached})
 
     # ---- one PPO iteration, split ------------------------------------------------------------------------
     med = time_iteration(task, ppo_module, prompts, args.iterations, args.ppo_epochs)
-    print(
-        f"PPO iteration ({args.ppo_epochs} epochs, 1 minibatch), median of {args.iterations}: {med['step']:.3f} s"
-    )
-    for key in ("rollout", "scoring", "update"):
-        print(f"  {key:<8} {med[key]:7.3f} s  {100 * med[key] / med['step']:5.1f} %")
+    print_iteration(f"PPO iteration ({args.ppo_epochs} epochs, 1 minibatch)", med, args.iterations)
 
 
 if __name__ == "__main__":

@@ -103,3 +103,20 @@ def time_iteration(
         "update": med["step"] - med["experience"],
         "step": med["step"],
     }
+
+
+def print_rates(rates: dict[str, float]) -> None:
+    """Two methods' tokens/s, one line each, and the ratio of the first to the second."""
+    (first, a), (_, b) = rates.items()
+    width = max(map(len, rates)) + 2
+    for name, rate in rates.items():
+        print(f"  {name:<{width}}{rate:9.1f} tok/s")
+    print(f"  {'ratio':<{width}}{a / b:9.2f}x")
+
+
+def print_iteration(title: str, med: dict[str, float], iterations: int) -> None:
+    """:func:`time_iteration`'s medians: the whole iteration, then generation, scoring and update with their
+    shares of it."""
+    print(f"{title}, median of {iterations}: {med['step']:.3f} s")
+    for key, name in (("rollout", "generation"), ("scoring", "scoring"), ("update", "update")):
+        print(f"  {name:<10} {med[key]:7.3f} s  {100 * med[key] / med['step']:5.1f} %")

@@ -59,8 +59,10 @@ NEEDS = {
     "sft": {"model": "pretrain"},
     "label": {"model": "sft"},
     "reward": {"model": "sft"},
+    # the RL stages' reward model only for a reward_model reward in their task.rewards (stage_needs): ppo and
+    # grpo_rm are rewarded by the reward stage's model, ppo_judge and grpo by the judge
     "ppo": {"policy": "sft", "reward": "reward"},
-    # the reward model only for a reward_model reward (stage_needs); grpo_rm: GRPO rewarded by the reward model
+    "ppo_judge": {"policy": "sft", "reward": "reward"},
     "grpo": {"policy": "sft", "reward": "reward"},
     "grpo_rm": {"policy": "sft", "reward": "reward"},
     "dpo": {"model": "sft"},
@@ -81,8 +83,9 @@ def given_checkpoints(overrides: list[str]) -> dict[str, str]:
 
 
 def stage_needs(cfg: DictConfig, stage: str) -> dict[str, str]:
-    """``NEEDS[stage]``, less GRPO's reward model when its ``task.rewards`` (the judge alone, say) do not use it."""
-    if stage not in ("grpo", "grpo_rm"):
+    """``NEEDS[stage]``, less an RL stage's reward model when its ``task.rewards`` (the judge alone, say) do not
+    use it."""
+    if "reward" not in NEEDS[stage]:
         return NEEDS[stage]
     rewards = compose("train", overrides=[*cfg.stage_configs[stage], *cfg.common]).task.rewards
     if any("reward_model" in entry for entry in rewards):

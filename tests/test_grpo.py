@@ -17,6 +17,7 @@ from lit_transformers.generate import language_model
 from lit_transformers.models import GPT
 from lit_transformers.nn.rlhf import group_advantages, grpo_loss, sample_std
 from lit_transformers.tasks.instruct import response_logprobs
+from lit_transformers.tasks.ppo import PPOTask
 from lit_transformers.tasks.rewards import parse_rewards, score_completions
 from lit_transformers.train import train
 
@@ -380,7 +381,7 @@ def test_grpo_resumed_mid_run_trains_exactly_as_the_run_that_went_on(compose_cfg
 # ---- the chain's grpo stage ----------------------------------------------------------------------------------
 
 
-def test_chain_grpo_on_the_judge_starts_from_sft_alone_and_on_the_reward_model_needs_the_reward_stage(
+def test_chain_rl_on_the_judge_starts_from_sft_alone_and_on_the_reward_model_needs_the_reward_stage(
     tmp_path, cache_dir
 ):
     from omegaconf import OmegaConf
@@ -391,20 +392,32 @@ def test_chain_grpo_on_the_judge_starts_from_sft_alone_and_on_the_reward_model_n
     from conftest import assert_user_error
 
     run = tmp_path / "run"
-    cfg = _tiny_chain(run, ["pretrain", "sft", "grpo"], cache_dir)
+    cfg = _tiny_chain(run, ["pretrain", "sft", "grpo", "ppo_judge"], cache_dir)
     cfg.stage_configs.grpo = [*cfg.stage_configs.grpo, *TINY_DATA[:1], *TINY_TASK, "task.num_generations=2"]
+    cfg.stage_configs.ppo_judge = [*cfg.stage_configs.ppo_judge, *TINY_DATA[:1], *TINY_TASK]
     rewarded = OmegaConf.to_container(cfg.stage_configs.grpo) + ["task.rewards=[{reward_model: 1.0}]"]
     summary = chain(cfg)
     assert {"judge_exact", "kl"} <= set(summary["grpo"])
-    grpo = OmegaConf.load(run / "grpo" / "config_resolved.yaml")
+    assert {"judge_exact", "kl"} <= set(summary["ppo_judge"]) and "rm_score" not in summary["ppo_judge"]
     sft = json.loads((run / "sft" / "stage.json").read_text())["checkpoint"]  # relative to the run folder
-    assert dict(grpo.init_from) == {"policy": str(run / sft)}  # the judge needs no reward model
+    for stage in ("grpo", "ppo_judge"):  # the judge needs no reward model
+        assert dict(OmegaConf.load(run / stage / "config_resolved.yaml").init_from) == {
+            "policy": str(run / sft)
+        }
+    # PPO's value model without a reward model: the SFT policy's body, its head new
+    saved = torch.load(run / sft, map_location="cpu", weights_only=True)
+    args = {key: saved["hyper_parameters"][key] for key in ("model", "optimizer", "tokenizer")}
+    ppo = PPOTask(**args, rewards=[{"judge": 1.0}], init_from={"policy": str(run / sft)})
+    ppo.configure_model()
+    sft_state = saved["state_dict"]
+    for name, value in ppo.value.body.state_dict().items():
+        torch.testing.assert_close(value, sft_state[f"model.{name}"], rtol=0, atol=0)
     cfg.stage_configs.grpo = rewarded
     (run / "grpo" / "stage.json").unlink()
     assert_user_error(
         lambda: chain(cfg),
         "Chain stage grpo starts from the reward model (init_from.reward)",
-        "'stages=[pretrain,sft,reward,grpo]'",
+        "'stages=[pretrain,sft,reward,ppo_judge,grpo]'",
     )
     cfg.stages = ["pretrain", "sft", "grpo_rm"]  # the stage of GRPO on the reward model, as configured
     assert_user_error(

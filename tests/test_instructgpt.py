@@ -315,6 +315,39 @@ def test_ppo_ratio_is_one_on_the_first_minibatch_and_frozen_models_get_no_gradie
     torch.testing.assert_close(exp["scores"], raw - 3.0 * (~exp["has_eos"]).float())
 
 
+def test_ppo_on_the_judge_holds_no_reward_model_and_scores_each_response_by_its_answer(compose_cfg):
+    task, trainer = _fit_ppo(
+        compose_cfg, "task.rewards=[{judge: 1.0}]", "task.missing_eos_penalty=3.0", "task.temperature=1e-3"
+    )  # a near-greedy policy: the same prompt gets the same response twice
+    assert trainer.global_step == 4 and task.first_ratio.item() == 1.0
+    assert "reward" not in task.model_names and not hasattr(task, "reward")
+    optimized = {id(p) for group in task.optimizers().param_groups for p in group["params"]}
+    assert optimized == {id(p) for m in (task.policy, task.value) for p in m.parameters()}
+    tok = task.tokenizer
+    prompt = [tok.bos_id, *tok.encode("Sort the words: b a\nAnswer:")]
+    ids, mask = left_pad([prompt, prompt], tok.pad_id)
+    batch = {"prompt_ids": ids, "prompt_mask": mask, "answers": ["-", "-"]}
+    first = task.make_experience(batch, torch.arange(2), 2)
+    response = tok.decode(first["sequences"][0, ids.size(1) :][first["mask"][0]].tolist())
+    # the first response is its own right answer, the second is wrong
+    exp = task.make_experience(batch | {"answers": [response, response + " x"]}, torch.arange(2), 2)
+    torch.testing.assert_close(exp["sequences"], first["sequences"])
+    penalty = 3.0 * (~exp["has_eos"]).float()
+    torch.testing.assert_close(exp["scores"], torch.tensor([1.0, 0.0]) - penalty)
+
+
+def test_ppo_refuses_a_reward_checkpoint_its_rewards_do_not_use(compose_cfg, tmp_path):
+    cfg = _stage_cfg(
+        compose_cfg,
+        "gpt_ppo",
+        "task.rewards=[{judge: 1.0}]",
+        f"init_from={{policy: {tmp_path}/a.ckpt, reward: {tmp_path}/b.ckpt}}",
+    )
+    task = instantiate(cfg.task, _recursive_=False, _convert_="all")
+    with pytest.raises(ValueError, match=r"names a reward model, but task.rewards=.*drop init_from.reward"):
+        task._load_init_from(cfg.task.init_from)
+
+
 def test_dpo_computes_each_reference_logprob_once(compose_cfg):
     cfg = _stage_cfg(compose_cfg, "gpt_dpo", "data.n_examples=40", "data.pool=all")
     calls = []

@@ -41,7 +41,7 @@ from lit_transformers.tasks.instruct import (
 )
 from lit_transformers.tasks.lora import FrozenBase, refuse_reference_source
 from lit_transformers.tasks.reward import gpt_or_scalar
-from lit_transformers.tasks.rewards import parse_rewards, score_completions
+from lit_transformers.tasks.rewards import parse_rewards, weighted_rewards
 from lit_transformers.text.instructions import judge
 from lit_transformers.utils.dashboards import log_table
 
@@ -185,11 +185,9 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
         self.stage_clock.lap("generation")
         seq, attn, R = out.sequences, out.attention_mask, out.responses.size(1)
         texts = decode_responses(tok, out.responses, out.response_mask)
-        per_function = score_completions(
+        rewards, per_function = weighted_rewards(
             self.rewards, texts, answers, seq, attn, getattr(self, "reward", None)
-        )
-        weights = torch.tensor([r.weight for r in self.rewards], device=self.device)
-        rewards = (per_function * weights).sum(1)  # (B G,)
+        )  # (B G,), (B G, functions)
         advantages, zero_std = group_advantages(rewards, G, self.scale_rewards, self._all_reduce)
         mask = out.response_mask & out.has_eos[:, None] if h.mask_truncated_completions else out.response_mask
         world = self.trainer.world_size

@@ -4,7 +4,10 @@ iteration inside ``training_step`` (manual optimisation): rollout -> score -> pe
 
 Four models: ``policy`` (from the SFT checkpoint) and ``value`` (from the reward model, its own copy of the
 head) train; ``reference`` (the SFT weights) and ``reward`` are frozen. ``trainer.max_steps`` counts
-optimizer steps: PPO iterations x num_ppo_epochs x num_mini_batches.
+optimizer steps: PPO iterations x num_ppo_epochs x num_mini_batches. The score is the reward model's by default
+(InstructGPT); ``task.rewards`` takes GRPO's reward functions instead (tasks/rewards.py): with a verifiable reward
+alone (``[{judge: 1.0}]``, RLVR as Tulu 3's PPO) no reward model is held and the value model starts from the policy's
+checkpoint, its head new.
 
 With ``task.lora``, three: the policy is its frozen base + adapters, and the reference is that base with the
 adapters off (``lora.FrozenBase``), no second copy; the value model is its own frozen copy of the reward model's
@@ -20,7 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -42,9 +45,16 @@ from lit_transformers.nn.rlhf import (
 )
 from lit_transformers.tasks.base import Task
 from lit_transformers.tasks.causal_lm import decoder_spec, load_hf_decoder
-from lit_transformers.tasks.instruct import ManualSteps, PolicyEvaluation, response_logprobs, rollout
+from lit_transformers.tasks.instruct import (
+    ManualSteps,
+    PolicyEvaluation,
+    decode_responses,
+    response_logprobs,
+    rollout,
+)
 from lit_transformers.tasks.lora import FrozenBase, refuse_reference_source
 from lit_transformers.tasks.reward import gpt_or_scalar
+from lit_transformers.tasks.rewards import parse_rewards, weighted_rewards
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +85,8 @@ def hf_dirs(init_from_hf: str | Mapping | None) -> dict[str, str]:
 class PPOTask(ManualSteps, PolicyEvaluation, Task):
     """Args (TRL's names and defaults where they exist):
         model: the GPT config spec shared by the four models.
+        rewards: what scores a response: ``[{reward_model: 1.0}]`` (InstructGPT), or GRPO's reward functions
+            (``[{judge: 1.0}]``, weighted sums; tasks/rewards.py).
         temperature: sampling temperature; log-probs are taken on ``logits / temperature``.
         max_new_tokens: response length limit.
         kl_coef: beta of the per-token penalty ``-beta * KL_t``; adaptive_kl: ``{target, horizon}`` or null.
@@ -88,7 +100,6 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
     ...}`` in ``init_from``'s shape (the reference defaults to the policy's); a model comes from one of the two.
     """
 
-    frozen = ("reference", "reward")
     lora_models = ("policy", "value")
     data_needs = (TokenizedText,)
     context_field = "block_size"
@@ -97,6 +108,7 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
     def __init__(
         self,
         model: dict | GPTConfig,
+        rewards: Sequence[Mapping] = ({"reward_model": 1.0},),
         temperature: float = 0.7,
         max_new_tokens: int = 16,
         kl_coef: float = 0.05,
@@ -122,15 +134,18 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
                 "four models share one model config: give them the same base model (or its fine-tuned versions)"
             )
         model = decoder_spec(model, next(iter(from_hf.values()), None))
+        parsed = parse_rewards(rewards)
         if kl_estimator not in ("k1", "k3"):
             raise ValueError(f"task.kl_estimator={kl_estimator!r}: use k1 or k3")
         if temperature <= 0:
             raise ValueError(f"task.temperature={temperature}: PPO samples, so it needs a temperature > 0")
         super().__init__(**task_args)
+        self.rewards = parsed
+        self.uses_reward_model = any(r.name == "reward_model" for r in parsed)
         if self.hparams.lora is not None:  # the reference is the policy's base with the adapters off
             refuse_reference_source(self.hparams)
             from_hf.pop("reference", None)
-            self.frozen = ("reward",)
+        self.frozen = ("reference",) * (self.hparams.lora is None) + ("reward",) * self.uses_reward_model
         self.hf_dirs = from_hf  # {model: directory}, loaded when the models are built
         self.automatic_optimization = False
         self.kl_ctl = AdaptiveKLController(kl_coef, **adaptive_kl) if adaptive_kl else None
@@ -141,10 +156,11 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
 
     def build_models(self) -> dict:
         config = self.text_model_config(vocab_size=lambda tok: tok.vocab_size)
-        policy, reward = GPT(config), ScalarGPT(config)
-        # copies: without init_from the reference still equals the policy, and the value the reward model
-        models = {"policy": policy, "reward": reward, "value": copy.deepcopy(reward)}
-        if self.hparams.lora is None:
+        policy, value = GPT(config), ScalarGPT(config)
+        models = {"policy": policy, "value": value}
+        if self.uses_reward_model:  # copies: without init_from the value still equals the reward model
+            models["reward"] = copy.deepcopy(value)
+        if self.hparams.lora is None:  # a copy: without init_from the reference still equals the policy
             models["reference"] = copy.deepcopy(policy)
         else:
             self.reference = FrozenBase(policy)
@@ -152,7 +168,7 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
         named = set(self.hf_dirs)
         if isinstance(init_from, Mapping):
             named |= {name for name, path in init_from.items() if path}
-        missing = [name for name in ("policy", "reward") if name not in named]
+        missing = [name for name in ("policy", "reward") if name in models and name not in named]
         if missing and (init_from or self.hf_dirs):  # neither: Task warns that every model starts random
             log.warning(
                 "PPO %s start(s) from random weights: no init_from or init_from_hf for them",
@@ -176,13 +192,19 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
                 "PPO takes two checkpoints: init_from='{policy: <sft.ckpt>, reward: <reward.ckpt>}'"
             )
         targets = {name: path for name, path in init_from.items() if path}
+        if "reward" in targets and not self.uses_reward_model:
+            raise ValueError(
+                f"task.init_from names a reward model, but task.rewards={[dict(r) for r in self.hparams.rewards]} "
+                "does not use one: drop init_from.reward, or add {reward_model: <weight>} to task.rewards"
+            )
         both = sorted(set(targets) & set(self.hf_dirs))
         if both:
             raise ValueError(
                 f"PPO's {', '.join(both)} would come from both task.init_from and task.init_from_hf; name each "
                 "model in one of them"
             )
-        for name, default in (("reference", "policy"), ("value", "reward")):
+        value_source = "reward" if self.uses_reward_model else "policy"  # a policy checkpoint: its body
+        for name, default in (("reference", "policy"), ("value", value_source)):
             if name in self.model_names and name not in self.hf_dirs and targets.get(default):
                 targets.setdefault(name, targets[default])
         for name in ("reward", "value"):
@@ -218,7 +240,11 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
             # value of the state before each token; float32 as the log-probs, also under autocast
             values[idx] = self.value(seq[idx], attn[idx])[:, -R - 1 : -1].float()
         ref_logprobs = response_logprobs(self.reference, seq, attn, R, h.temperature)
-        scores = self.reward.score(seq, attn) - h.missing_eos_penalty * (~out.has_eos).float()
+        texts = decode_responses(tok, out.responses, mask)
+        scores, _ = weighted_rewards(
+            self.rewards, texts, batch.get("answers"), seq, attn, getattr(self, "reward", None)
+        )
+        scores = scores - h.missing_eos_penalty * (~out.has_eos).float()
         kl = kl_estimate(logprobs, ref_logprobs, h.kl_estimator) * mask
         rewards, non_score = per_token_rewards(kl, scores, mask, self.kl_coef)
         if h.whiten_rewards:

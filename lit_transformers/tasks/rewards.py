@@ -1,5 +1,6 @@
-"""GRPO's reward functions, weighted and summed as TRL's ``reward_funcs`` with ``reward_weights``: verifiable ones
-(the judge against each prompt's right answer, a format pattern) and the reward model.
+"""The RL stages' reward functions (GRPO's and PPO's ``task.rewards``), weighted and summed as TRL's ``reward_funcs``
+with ``reward_weights``: verifiable ones (the judge against each prompt's right answer, a format pattern) and the
+reward model.
 
 ``task.rewards`` lists them, one ``{name: weight}`` (or ``{name: {weight: w, <options>}}``) each:
 
@@ -36,7 +37,7 @@ def parse_rewards(rewards: Sequence[Mapping]) -> list[Reward]:
     ``{name: weight}`` or ``{name: {weight: w, ...options}}`` of a known name and its options."""
     example = "e.g. task.rewards='[{judge: 1.0}, {reward_model: 0.5}]'"
     if not rewards:
-        raise ValueError(f"task.rewards is empty: GRPO needs at least one reward function, {example}")
+        raise ValueError(f"task.rewards is empty: RL needs at least one reward function, {example}")
     parsed = []
     for entry in rewards:
         if not isinstance(entry, Mapping) or len(entry) != 1:
@@ -91,3 +92,18 @@ def score_completions(
             continue
         columns.append(torch.tensor(values, dtype=torch.float32, device=sequences.device))
     return torch.stack(columns, dim=1)
+
+
+def weighted_rewards(
+    rewards: Sequence[Reward],
+    texts: Sequence[str],
+    answers: Sequence[str] | None,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    reward_model=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N,) the weighted sum of the reward functions for each completion, and their (N, len(rewards)) values
+    (:func:`score_completions`)."""
+    per_function = score_completions(rewards, texts, answers, sequences, attention_mask, reward_model)
+    weights = torch.tensor([r.weight for r in rewards], device=per_function.device)
+    return (per_function * weights).sum(1), per_function
