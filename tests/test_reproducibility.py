@@ -1,5 +1,5 @@
-"""Reproducible runs: every stage of the InstructGPT chain trains bit-identically twice with the same seed and
-``trainer.deterministic=true``, and validating (with its sample tables and generated text) never changes what a
+"""Reproducible runs: every stage of the InstructGPT chain trains bit-identically twice with the same seed (no
+``trainer.deterministic`` needed on CPU), and validating (with its sample tables and generated text) never changes what a
 run trains."""
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ PPO_STEPS_PER_ITERATION = 4  # the tiny PPO's optimizer steps per batch of promp
 
 
 def _run_chain(run_dir: Path, cache_dir: Path, stages: list[str], *common: str, **stage_extras: list[str]):
-    """The tiny chain (tests/test_chain.py) on ``stages``, deterministic, validated every 2 of its 4 steps
-    unless ``common`` says otherwise; ``stage_extras``: more overrides of one stage."""
+    """The tiny chain (tests/test_chain.py) on ``stages`` with the default ``trainer.deterministic=false``,
+    validated every 2 of its 4 steps unless ``common`` says otherwise; ``stage_extras``: more overrides of one
+    stage."""
     cfg = _tiny_chain(run_dir, stages, cache_dir)
-    cfg.common = [*cfg.common, "trainer.deterministic=true", "trainer.max_steps=4", *common]
+    cfg.common = [*cfg.common, "trainer.max_steps=4", *common]
     for stage, extras in stage_extras.items():
         cfg.stage_configs[stage] = [*cfg.stage_configs[stage], *extras]
     return chain(cfg)
@@ -98,3 +99,26 @@ def test_validation_and_its_sample_tables_leave_ppo_unchanged(tiny_chain_run, tm
     assert len(_validated_steps(tmp_path / "often" / "ppo")) == 2  # the first iteration's end was validated
     often, once = (_final_weights(tmp_path / run / "ppo") for run in ("often", "once"))
     assert not _unequal(often, once)
+
+
+def test_learned_position_gradients_are_identical_run_after_run():
+    """The RL stages and the reward model train through explicit position ids (``padded_forward``): summing the
+    gradient of a repeated position in a thread-dependent order (indexing's accumulating backward) made two runs
+    of one chain command differ from their first steps; F.embedding's backward sums in a fixed order."""
+    from lit_transformers.nn.positions import LearnedPositions
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(2, threads))
+    try:
+        torch.manual_seed(0)
+        positions = LearnedPositions(64, 128)
+        position_ids = torch.arange(40).expand(64, 40)  # every row repeats every position
+        upstream = torch.randn(64, 40, 128)
+        grads = []
+        for _ in range(10):
+            positions.zero_grad()
+            (positions(position_ids) * upstream).sum().backward()
+            grads.append(positions.weight.grad.clone())
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(grad, grads[0]) for grad in grads[1:])

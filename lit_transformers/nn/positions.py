@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -50,7 +51,9 @@ class LearnedPositions(nn.Module):
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        return self.weight[position_ids]  # (B, T, d_model)
+        # F.embedding, not self.weight[position_ids]: indexing's backward (an accumulating index_put) sums the
+        # gradients of repeated positions in a thread-dependent order on CPU, so two runs of one command differed
+        return F.embedding(position_ids, self.weight)  # (B, T, d_model)
 
 
 # Hugging Face ``rope_scaling`` types (``rope_type``) we compute, each with the keys it needs: linear divides the
