@@ -226,10 +226,11 @@ def test_rewards_judge_exact_graded_format_and_weights():
         ]
     )
     texts, answers = [" elm oak ash", "elm ash oak", "elm 3"], ["elm oak ash"] * 3
-    values = score_completions(rewards, texts, answers, torch.zeros(3, 1), torch.ones(3, 1))
+    total, values = score_completions(rewards, texts, answers, torch.zeros(3, 1), torch.ones(3, 1))
     # exact; the share of positions with the right word; the whole stripped response of lowercase words
     torch.testing.assert_close(values, torch.tensor([[1.0, 1.0, 1.0], [0.0, 1 / 3, 1.0], [0.0, 1 / 3, 0.0]]))
     assert [r.weight for r in rewards] == [1.0, 0.5, 1.0]
+    torch.testing.assert_close(total, torch.tensor([2.5, 1 + 1 / 6, 1 / 6]))  # weighted: 1, 0.5, 1
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ from lit_transformers.tasks.instruct import (
 )
 from lit_transformers.tasks.lora import FrozenBase, refuse_reference_source
 from lit_transformers.tasks.reward import gpt_or_scalar
-from lit_transformers.tasks.rewards import parse_rewards, weighted_rewards
+from lit_transformers.tasks.rewards import parse_rewards, score_completions, uses_reward_model
 from lit_transformers.text.instructions import judge
 from lit_transformers.utils.dashboards import log_table
 
@@ -114,7 +114,7 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
         self.automatic_optimization = False
         self.rewards = parsed
         self.scale_rewards = SCALE_REWARDS[scale_rewards]
-        self.uses_reward_model = any(r.name == "reward_model" for r in self.rewards)
+        self.uses_reward_model = uses_reward_model(self.rewards)
         if self.hparams.lora is not None:
             refuse_reference_source(self.hparams)
         holds_reference = beta != 0 and self.hparams.lora is None  # under LoRA: the policy, adapters disabled
@@ -185,7 +185,7 @@ class GRPOTask(ManualSteps, PolicyEvaluation, Task):
         self.stage_clock.lap("generation")
         seq, attn, R = out.sequences, out.attention_mask, out.responses.size(1)
         texts = decode_responses(tok, out.responses, out.response_mask)
-        rewards, per_function = weighted_rewards(
+        rewards, per_function = score_completions(
             self.rewards, texts, answers, seq, attn, getattr(self, "reward", None)
         )  # (B G,), (B G, functions)
         advantages, zero_std = group_advantages(rewards, G, self.scale_rewards, self._all_reduce)

@@ -54,7 +54,7 @@ from lit_transformers.tasks.instruct import (
 )
 from lit_transformers.tasks.lora import FrozenBase, refuse_reference_source
 from lit_transformers.tasks.reward import gpt_or_scalar
-from lit_transformers.tasks.rewards import parse_rewards, weighted_rewards
+from lit_transformers.tasks.rewards import parse_rewards, score_completions, uses_reward_model
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
             raise ValueError(f"task.temperature={temperature}: PPO samples, so it needs a temperature > 0")
         super().__init__(**task_args)
         self.rewards = parsed
-        self.uses_reward_model = any(r.name == "reward_model" for r in parsed)
+        self.uses_reward_model = uses_reward_model(parsed)
         if self.hparams.lora is not None:  # the reference is the policy's base with the adapters off
             refuse_reference_source(self.hparams)
             from_hf.pop("reference", None)
@@ -241,7 +241,7 @@ class PPOTask(ManualSteps, PolicyEvaluation, Task):
             values[idx] = self.value(seq[idx], attn[idx])[:, -R - 1 : -1].float()
         ref_logprobs = response_logprobs(self.reference, seq, attn, R, h.temperature)
         texts = decode_responses(tok, out.responses, mask)
-        scores, _ = weighted_rewards(
+        scores, _ = score_completions(
             self.rewards, texts, batch.get("answers"), seq, attn, getattr(self, "reward", None)
         )
         scores = scores - h.missing_eos_penalty * (~out.has_eos).float()

@@ -70,10 +70,10 @@ def score_completions(
     sequences: torch.Tensor,
     attention_mask: torch.Tensor,
     reward_model=None,
-) -> torch.Tensor:
-    """(N, len(rewards)) float32: each reward function's (unweighted) value of each completion ``texts`` (N);
-    ``answers`` (N) for the judge, ``reward_model`` scores ``sequences`` (prompt + completion) under
-    ``attention_mask``."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N,) the weighted sum of the reward functions for each completion ``texts`` (N), and (N, len(rewards))
+    float32 each function's (unweighted) value; ``answers`` (N) for the judge, ``reward_model`` scores
+    ``sequences`` (prompt + completion) under ``attention_mask``."""
     columns = []
     for reward in rewards:
         if reward.name == "judge":
@@ -91,19 +91,11 @@ def score_completions(
             columns.append(reward_model.score(sequences, attention_mask).float())
             continue
         columns.append(torch.tensor(values, dtype=torch.float32, device=sequences.device))
-    return torch.stack(columns, dim=1)
-
-
-def weighted_rewards(
-    rewards: Sequence[Reward],
-    texts: Sequence[str],
-    answers: Sequence[str] | None,
-    sequences: torch.Tensor,
-    attention_mask: torch.Tensor,
-    reward_model=None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N,) the weighted sum of the reward functions for each completion, and their (N, len(rewards)) values
-    (:func:`score_completions`)."""
-    per_function = score_completions(rewards, texts, answers, sequences, attention_mask, reward_model)
+    per_function = torch.stack(columns, dim=1)
     weights = torch.tensor([r.weight for r in rewards], device=per_function.device)
     return (per_function * weights).sum(1), per_function
+
+
+def uses_reward_model(rewards: Sequence[Reward]) -> bool:
+    """Whether a reward model scores any of ``rewards`` (the task then holds one, from ``init_from.reward``)."""
+    return any(r.name == "reward_model" for r in rewards)
