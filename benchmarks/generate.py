@@ -117,7 +117,7 @@ def main() -> None:
         print(f"{name:<18}{n:>12}{statistics.median(rates[name]):>14.1f}")
     print(f"tokens identical to HF greedy: {'yes' if same else 'NO'}")
     ratio_hf = ratio_spread(rates["ours (KV cache)"], rates["hf generate()"])[0]
-    print(f"ours cached / hf generate(): {ratio_hf:.3f}x  (target >= 1.2x)")
+    print(f"ours cached / hf generate(): {ratio_hf:.3f}x")
     print(
         f"ours cached / ours uncached: "
         f"{statistics.median(rates['ours (KV cache)']) / statistics.median(rates['ours (no cache)']):.1f}x "
