@@ -13,6 +13,7 @@ from test_precision import FAMILIES
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from lit_transformers.callbacks import throughput
 from lit_transformers.callbacks.throughput import count_batch, matmul_flops
 from lit_transformers.data.instructions import collate
 from lit_transformers.models import BERT, GPT, BERTConfig, GPTConfig
@@ -160,6 +161,26 @@ def test_measuring_the_peak_leaves_the_random_stream_alone():
     torch.manual_seed(0)
     assert matmul_flops(n=64) > 0
     assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize(("flop_rate", "expected_sizes"), [(1e11, [256, 512, 1024, 2048]), (1e9, [256, 512])])
+def test_the_peak_is_measured_at_the_first_size_that_takes_long_enough(
+    monkeypatch, flop_rate, expected_sizes
+):
+    """A dtype the CPU only emulates (float16: ~1 GFLOP/s here) stops growing at 512 instead of spending minutes
+    on 2048^3 matmuls; a fast one is measured at the full 2048. The fake clock advances by each matmul's FLOPs
+    over the device's rate, so the answer is that rate, measured at the size recorded."""
+    sizes, now = [], [0.0]
+
+    def fake_mm(a, b):
+        sizes.append(a.size(0))
+        now[0] += 2 * a.size(0) ** 3 / flop_rate
+        return a
+
+    monkeypatch.setattr(throughput.torch, "mm", fake_mm)
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: now[0])
+    assert matmul_flops() == pytest.approx(flop_rate)
+    assert sizes == [size for size in expected_sizes for _ in range(4)]
 
 
 # ---- every family's run -----------------------------------------------------------------------------------

@@ -21,20 +21,29 @@ from lightning.fabric.utilities.throughput import get_available_flops
 
 
 def matmul_flops(
-    device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, n: int = 2048
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    n: int = 2048,
+    seconds: float = 0.05,
 ) -> float:
-    """This device's measured FLOP/s on a large (n x n x n) matmul: the best of a few, after a warm-up. Its
-    own random generator: measured during training, it leaves the run's random stream (dropout) alone."""
+    """This device's measured FLOP/s on a large (n x n x n) matmul: the best of a few. Sizes double from 256 to n
+    and stop at the first whose matmul takes ``seconds``: a dtype the device only emulates (float16 on most CPUs,
+    ~100x slower) would take minutes at n = 2048, while a fast one reaches n. Its own random generator: measured
+    during training, it leaves the run's random stream (dropout) alone."""
     generator = torch.Generator(device).manual_seed(0)
-    a, b = (torch.randn(n, n, device=device, dtype=dtype, generator=generator) for _ in range(2))
-    best = float("inf")
-    for _ in range(4):
-        synchronize(a.device)
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        synchronize(a.device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
+    size = min(256, n)
+    while True:
+        a, b = (torch.randn(size, size, device=device, dtype=dtype, generator=generator) for _ in range(2))
+        best = float("inf")
+        for _ in range(4):
+            synchronize(a.device)
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            synchronize(a.device)
+            best = min(best, time.perf_counter() - t0)
+        if size >= n or best >= seconds:
+            return 2 * size**3 / best
+        size = min(2 * size, n)
 
 
 def synchronize(device: torch.device) -> None:
