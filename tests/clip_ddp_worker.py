@@ -1,6 +1,6 @@
-"""Run by test_clip (``python tests/clip_ddp_worker.py OUT``): one ContrastiveTask step on
-``trainer=ddp_cpu``, 2 ranks x 4 rows of a fixed 8-row batch. Rank 0 saves the loss averaged over ranks
-and the DDP-synced gradients."""
+"""A job of a launch of 2 processes (conftest.TwoRankCall("clip_ddp_worker.one_step", OUT), from test_clip): one
+ContrastiveTask step on ``trainer=ddp_cpu``, 2 ranks x 4 rows of a fixed 8-row batch. Rank 0 saves the loss
+averaged over ranks and the DDP-synced gradients to OUT."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 import lightning as L
 import torch
 from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 
 from image_helpers import FixedBatches, fixed_caption_batch, tiny_clip_task
@@ -27,8 +28,8 @@ class Record(L.Callback):
             torch.save({"loss": loss, "grads": self.grads, "world_size": trainer.world_size}, self.out)
 
 
-if __name__ == "__main__":
-    out = sys.argv[1]
+def one_step(out: str) -> None:
+    GlobalHydra.instance().clear()
     with initialize_config_module("lit_transformers.conf", version_base="1.3"):
         cfg = compose("train", overrides=["trainer=ddp_cpu", f"paths.output_dir={out}.run"])
     trainer = instantiate(
@@ -45,3 +46,7 @@ if __name__ == "__main__":
     )
     L.seed_everything(0)
     trainer.fit(tiny_clip_task(), datamodule=FixedBatches(fixed_caption_batch(8)))
+
+
+if __name__ == "__main__":  # on its own: python tests/clip_ddp_worker.py OUT
+    one_step(sys.argv[1])

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+from typing import NamedTuple
 from unittest import mock
 
 import pytest
@@ -206,18 +207,83 @@ def ddp_cli(tmp_path, cache_dir):
     return _run
 
 
-def train_on_two_ranks(*configs: DictConfig) -> list[dict[str, float]]:
-    """Each resolved train config (its trainer ddp_cpu) in turn, in one launch of 2 processes (tests/ddp_worker.py):
-    one start of the processes, their imports and their process group for all the runs. Each config is saved as
-    ddp_config.yaml in its paths.output_dir, where its run goes; returns each run's final metrics. Fails, showing
-    the end of stderr, unless every run succeeds."""
-    paths = [Path(cfg.paths.output_dir) / "ddp_config.yaml" for cfg in configs]
-    for cfg, path in zip(configs, paths):
+class TwoRankCall(NamedTuple):
+    """A job of a launch of 2 processes other than a training run: ``function`` ("module.name", importable from
+    tests/) called with ``arg`` on each rank, after the jobs before it, in the process group they started."""
+
+    function: str
+    arg: str
+
+
+def train_on_two_ranks(*jobs: DictConfig | TwoRankCall) -> list[dict[str, float] | None]:
+    """Each job in turn, in one launch of 2 processes (tests/ddp_worker.py): one start of the processes, their
+    imports and their process group for all of them. A job is a resolved train config (its trainer ddp_cpu), saved
+    as ddp_config.yaml in its paths.output_dir, where its run goes, or a TwoRankCall. Returns each run's final
+    metrics (None for a call). Fails, showing the end of stderr, unless every job succeeds."""
+    arguments, metrics = [], []
+    for job in jobs:
+        if isinstance(job, TwoRankCall):
+            arguments.append(f"call:{job.function}:{job.arg}")
+            metrics.append(None)
+            continue
+        path = Path(job.paths.output_dir) / "ddp_config.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, path)
-    result = run_cli(sys.executable, str(TESTS / "ddp_worker.py"), *map(str, paths), cwd=paths[0].parent)
+        OmegaConf.save(job, path)
+        arguments.append(str(path))
+        metrics.append(path.parent / "metrics.json")
+    cwd = next((m.parent for m in metrics if m is not None), TESTS)
+    result = run_cli(sys.executable, str(TESTS / "ddp_worker.py"), *arguments, cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
-    return [json.loads((path.parent / "metrics.json").read_text()) for path in paths]
+    return [None if m is None else json.loads(m.read_text()) for m in metrics]
+
+
+class _TwoRankGroup(NamedTuple):
+    build: Callable[[Path, Path], tuple[list, Callable[[list], object]]]
+    first: bool
+
+
+# every group of 2-process jobs of the session, by the name of its fixture (two_rank_group)
+TWO_RANK_GROUPS: dict[str, _TwoRankGroup] = {}
+
+
+def two_rank_group(build=None, *, first: bool = False):
+    """Decorates ``build(root, cache_dir) -> (jobs, finish)`` of a test module into a session fixture of its name
+    whose value is ``finish(results)``, ``results`` being train_on_two_ranks' of ``jobs``. Every group that the
+    session's selected tests use runs in one launch of 2 processes (two_rank_launch): each launch costs two
+    fresh pythons (~12 s of CPU) before any job. ``build`` writes under ``root``; ``first``: its jobs come first in
+    the launch (the first trainer starts rank 1 and the process group). Mark its tests ``ddp`` and ``cli``."""
+
+    def register(build):
+        name = build.__name__
+        known = TWO_RANK_GROUPS.get(name)
+        assert known is None or known.build.__qualname__ == build.__qualname__, f"two groups named {name}"
+        TWO_RANK_GROUPS[name] = _TwoRankGroup(build, first)
+
+        @pytest.fixture(name=name, scope="session")
+        def group(two_rank_launch):
+            return two_rank_launch[name]
+
+        group.__doc__ = build.__doc__
+        return group
+
+    return register if build is None else register(build)
+
+
+@pytest.fixture(scope="session")
+def two_rank_launch(request, tmp_path_factory, cache_dir) -> dict[str, object]:
+    """The value of every two_rank_group that a selected test uses, by name: their jobs in one launch of 2
+    processes (the ``first`` group's first), each group building its jobs under a folder of its own."""
+    used = {name for item in request.session.items for name in item.fixturenames if name in TWO_RANK_GROUPS}
+    names = sorted((n for n in TWO_RANK_GROUPS if n in used), key=lambda n: not TWO_RANK_GROUPS[n].first)
+    root = tmp_path_factory.mktemp("two_ranks")
+    jobs, spans = [], {}
+    for name in names:
+        group_jobs, finish = TWO_RANK_GROUPS[name].build(root / name, cache_dir)
+        spans[name] = (slice(len(jobs), len(jobs) + len(group_jobs)), finish)
+        jobs += group_jobs
+    GlobalHydra.instance().clear()
+    results = train_on_two_ranks(*jobs)
+    return {name: finish(results[span]) for name, (span, finish) in spans.items()}
 
 
 @pytest.fixture(scope="session")

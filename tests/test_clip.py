@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import lightning as L
 import open_clip
@@ -18,7 +17,7 @@ from lit_transformers.data import CaptionDataModule
 from lit_transformers.nn import ClipLoss
 from lit_transformers.tasks.evaluation import recall_at_k, zero_shot_classifier
 
-from conftest import TESTS, run_cli
+from conftest import TwoRankCall, two_rank_group
 from image_helpers import FixedBatches, fixed_caption_batch, run_experiment, tiny_clip_task, write_caption_csv
 
 
@@ -73,12 +72,18 @@ def test_per_rank_losses_over_simulated_ranks_average_to_the_full_batch_loss(loc
             torch.testing.assert_close(g.double(), r.double(), atol=1e-6, rtol=1e-4)
 
 
+@two_rank_group
+def clip_ddp_step(root, cache_dir):
+    """One DDP step of tests/clip_ddp_worker.py, in the session's launch of 2 processes: what rank 0 saved."""
+    root.mkdir(parents=True)
+    out = root / "ddp.pt"
+    return [TwoRankCall("clip_ddp_worker.one_step", str(out))], lambda results: torch.load(out)
+
+
+@pytest.mark.cli
 @pytest.mark.ddp
-def test_ddp_two_ranks_match_one_process_on_the_same_global_batch(tmp_path):
-    out = tmp_path / "ddp.pt"
-    result = run_cli(sys.executable, str(TESTS / "clip_ddp_worker.py"), str(out), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    ddp = torch.load(out)
+def test_ddp_two_ranks_match_one_process_on_the_same_global_batch(clip_ddp_step):
+    ddp = clip_ddp_step
     assert ddp["world_size"] == 2
 
     L.seed_everything(0)

@@ -2,7 +2,8 @@
 what 1 process logs, and what a recompute in plain torch gives (sum of per-sample values / count). The test splits
 have an odd size, so the ranks get unequal shares: the case where a mean of rank means, or Lightning's
 ``sync_dist`` mean (which divides the summed batch sizes by the world size as integers), moves the value. Every
-family of a test runs in one launch of 2 processes (conftest.train_on_two_ranks), each a few seconds."""
+default family's 2-rank test runs in the session's one launch of 2 processes (conftest.two_rank_group), the slow
+families' in one of their own, each a few seconds."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from lit_transformers.nn import IGNORE_INDEX, ClipLoss
 from lit_transformers.train import train
 from lit_transformers.utils.checkpoints import use_checkpoint_tokenizers
 
-from conftest import compose_train_cfg, train_on_two_ranks
+from conftest import compose_train_cfg, train_on_two_ranks, two_rank_group
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -29,9 +30,10 @@ FIT = ["trainer.max_steps=1", "trainer.limit_val_batches=0", "test=false", "samp
 EVALUATE = ["train=false", "trainer.limit_test_batches=1.0", "sample=null"]
 
 
-def _evaluations(cases: dict[str, Case], root: Path, cache_dir: Path) -> dict[str, dict]:
+def _evaluations(cases: dict[str, Case], root: Path, cache_dir: Path):
     """Per family (its tiny experiment of test_precision, plus its case's overrides): one training step saved as
-    last.ckpt, then its test in this process ("one") and, every family in one launch, on 2 DDP ranks ("two")."""
+    last.ckpt, then its test in this process ("one"). Returns the 2-rank test of every family, to run in one launch
+    (train_on_two_ranks), and a function of its results that adds each family's ("two") to the runs."""
     runs, ddp_configs = {}, []
     for family, case in cases.items():
         data = root / family / "data"
@@ -49,10 +51,13 @@ def _evaluations(cases: dict[str, Case], root: Path, cache_dir: Path) -> dict[st
                 *evaluate, "trainer=ddp_cpu", output_dir=root / family / "two", cache_dir=cache_dir
             )
         )
-    GlobalHydra.instance().clear()
-    for family, metrics in zip(cases, train_on_two_ranks(*ddp_configs)):
-        runs[family]["two"] = metrics
-    return runs
+
+    def finish(results: list[dict]) -> dict[str, dict]:
+        for family, metrics in zip(cases, results):
+            runs[family]["two"] = metrics
+        return runs
+
+    return ddp_configs, finish
 
 
 def _test_batches(run: dict):
@@ -207,14 +212,17 @@ SLOW = {
 }
 
 
-@pytest.fixture(scope="module")
-def default_runs(tmp_path_factory, cache_dir) -> dict[str, dict]:
-    return _evaluations(DEFAULT, tmp_path_factory.mktemp("ddp_metrics"), cache_dir)
+@two_rank_group
+def default_runs(root, cache_dir):
+    """The DEFAULT families' evaluations, their 2-rank tests in the session's launch of 2 processes."""
+    return _evaluations(DEFAULT, root, cache_dir)
 
 
 @pytest.fixture(scope="module")
 def slow_runs(tmp_path_factory, cache_dir) -> dict[str, dict]:
-    return _evaluations(SLOW, tmp_path_factory.mktemp("ddp_metrics_slow"), cache_dir)
+    ddp_configs, finish = _evaluations(SLOW, tmp_path_factory.mktemp("ddp_metrics_slow"), cache_dir)
+    GlobalHydra.instance().clear()
+    return finish(train_on_two_ranks(*ddp_configs))
 
 
 def _assert_agree(run: dict, case: Case) -> None:

@@ -1,18 +1,16 @@
-"""Training on 2 DDP CPU ranks, both runs in one launch (conftest.train_on_two_ranks): the trainer=ddp preset of the
-GPU recipes first, so that its strategy starts the process group, then a PPO stage (manual optimization, generation
-on every rank) on trainer=ddp_cpu."""
+"""Training on 2 DDP CPU ranks, in the session's one launch (conftest.two_rank_group): the trainer=ddp preset of
+the GPU recipes first in it, so that its strategy starts the process group, then a PPO stage (manual optimization,
+generation on every rank) on trainer=ddp_cpu."""
 
 from __future__ import annotations
 
 import csv
 import math
-from pathlib import Path
 
 import pytest
-from hydra.core.global_hydra import GlobalHydra
 from test_precision import SHORT
 
-from conftest import TINY_LM, compose_train_cfg, train_on_two_ranks
+from conftest import TINY_LM, compose_train_cfg, two_rank_group
 from test_instructgpt import TINY, TINY_DATA, TINY_TASK
 
 RUNS = {
@@ -37,17 +35,14 @@ RUNS = {
 }
 
 
-@pytest.fixture(scope="module")
-def two_rank_runs(tmp_path_factory, cache_dir) -> dict[str, Path]:
-    """Each of RUNS, in order, in one launch of 2 processes: its run folder."""
-    root = tmp_path_factory.mktemp("two_ranks")
+@two_rank_group(first=True)
+def two_rank_runs(root, cache_dir):
+    """Each of RUNS, in order, first in the session's launch of 2 processes: its run folder."""
     configs = [
         compose_train_cfg(*overrides, output_dir=root / name, cache_dir=cache_dir)
         for name, overrides in RUNS.items()
     ]
-    GlobalHydra.instance().clear()
-    train_on_two_ranks(*configs)
-    return {name: root / name for name in RUNS}
+    return configs, lambda results: {name: root / name for name in RUNS}
 
 
 @pytest.mark.cli

@@ -21,7 +21,7 @@ from lit_transformers.tasks.ppo import PPOTask
 from lit_transformers.tasks.rewards import parse_rewards, score_completions
 from lit_transformers.train import train
 
-from conftest import TINY_TRAINER
+from conftest import TINY_TRAINER, compose_train_cfg, two_rank_group
 from test_instructgpt import TINY, TINY_DATA, TINY_TASK, _fit
 
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
@@ -336,10 +336,17 @@ def test_grpo_under_lora_has_no_reference_copy_its_reference_is_the_frozen_base(
         assert not torch.allclose(response_logprobs(task.policy, seq, attn, 6, 1.0), reference)
 
 
+@two_rank_group
+def grpo_under_ddp(root, cache_dir):
+    """Two GRPO steps on trainer=ddp_cpu, in the session's launch of 2 processes: the run folder."""
+    overrides = ["experiment=gpt_grpo", *TINY_GRPO, "trainer.max_steps=2", "test=false", "trainer=ddp_cpu"]
+    return [compose_train_cfg(*overrides, output_dir=root, cache_dir=cache_dir)], lambda results: root
+
+
 @pytest.mark.cli
 @pytest.mark.ddp
-def test_grpo_under_ddp_cpu_keeps_groups_on_their_rank(ddp_cli):
-    run_dir = ddp_cli("experiment=gpt_grpo", *TINY_GRPO, "trainer.max_steps=2", "test=false", timeout=240)
+def test_grpo_under_ddp_cpu_keeps_groups_on_their_rank(grpo_under_ddp):
+    run_dir = grpo_under_ddp
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     with open(run_dir / "csv" / "train_completions.csv") as f:
         rows = list(csv.DictReader(f))

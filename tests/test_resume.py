@@ -12,7 +12,7 @@ import torch
 
 from lit_transformers.train import train
 
-from conftest import TINY_LM, compose_train_cfg, train_on_two_ranks
+from conftest import TINY_LM, compose_train_cfg, two_rank_group
 
 # dropout on, so that a resumed run matches only if it also draws the same random numbers; a validation and a
 # checkpoint every 2 steps (TINY_LM), all kept, so validation runs between a checkpoint and the steps compared
@@ -77,22 +77,29 @@ class SeedByRank(L.Callback):
         torch.manual_seed(trainer.global_rank)
 
 
-@pytest.mark.cli
-@pytest.mark.ddp
-def test_resume_is_exact_under_ddp(tmp_path, cache_dir):
-    """The straight run, then the run resumed from its step 2, in one launch of 2 processes."""
+@two_rank_group
+def resumed_under_ddp(root, cache_dir):
+    """The straight run, then the run resumed from its step 2, in the session's launch of 2 processes: their
+    folders."""
     common = [
         *EXACT,
         "trainer=ddp_cpu",
         "trainer.max_steps=6",
         "+callbacks.seed_by_rank._target_=test_resume.SeedByRank",
     ]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    straight, resumed = root / "straight", root / "resumed"
     step_2 = (
         straight / "checkpoints" / "step_000002.ckpt"
     )  # written by the first run, before the second starts
-    train_on_two_ranks(
+    configs = [
         compose_train_cfg(*common, output_dir=straight, cache_dir=cache_dir),
         compose_train_cfg(*common, f"ckpt_path={step_2}", output_dir=resumed, cache_dir=cache_dir),
-    )
+    ]
+    return configs, lambda results: (straight, resumed)
+
+
+@pytest.mark.cli
+@pytest.mark.ddp
+def test_resume_is_exact_under_ddp(resumed_under_ddp):
+    straight, resumed = resumed_under_ddp
     _assert_same_training(straight, resumed, range(2, 6))
