@@ -11,6 +11,7 @@ import pytest
 import torch
 from test_cli_commands import _generate_config
 
+from lit_transformers.export import main as export_entry_point
 from lit_transformers.generate import continuations, language_model
 from lit_transformers.tasks import DPOTask, PPOTask, RewardTask
 from lit_transformers.tasks.base import as_override
@@ -18,7 +19,7 @@ from lit_transformers.tasks.instruct import rollout
 from lit_transformers.text import Tokenizer, left_pad
 from lit_transformers.train import train
 
-from conftest import REPO, cli_env, compose_train_cfg
+from conftest import cli_env, compose_train_cfg, run_main
 from test_hub_tokenizers import _llama3, _llama3_backend, _save
 from test_instructgpt import TINY, TINY_DATA
 
@@ -248,9 +249,9 @@ def test_lit_generate_refuses_chat_without_a_chat_template(tmp_path):
         continuations(_generate_config(f"ckpt={tmp_path}", "chat=true"))
 
 
-def test_lit_export_help_says_what_it_takes(tmp_path):
-    command = [sys.executable, "-m", "lit_transformers.export", "--help"]
-    result = subprocess.run(command, cwd=REPO, env=cli_env(), capture_output=True, text=True, check=False)
+def test_lit_export_help_says_what_it_takes():
+    # in this process (the command as a fresh process: lit-export of the chain's DPO stage, above)
+    result = run_main(export_entry_point, "--help")
     assert result.returncode == 0, result.stderr[-2000:]
     for needle in (
         "lit-export ckpt=<run>/checkpoints/last.ckpt out=exported/",

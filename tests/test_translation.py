@@ -5,12 +5,14 @@ sacreBLEU reduced over 2 DDP ranks in tests/test_ddp_metrics.py.)"""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import queue
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -231,19 +233,20 @@ def _lit_translate(checkpoint: Path, *overrides: str) -> list[str]:
     return [sys.executable, "-m", "lit_transformers.translate", f"ckpt={checkpoint}", *overrides]
 
 
-@pytest.mark.cli
 def test_lit_translate_reads_stdin_and_keeps_line_order(endless_checkpoint):
     """stdin lines in (latin-1 here, read with encoding=latin-1), one translation per line out, in order; batched
-    decoding equals one by one."""
+    decoding equals one by one. The command runs in this process on stdin's bytes; lit-translate on a real pipe
+    (streaming, exit codes, a reader that leaves): the two tests below."""
     sentences = ["Open file 3", "", "Delete 12 items from the list", "Quit", "Close the café"]
-    result = subprocess.run(
-        _lit_translate(endless_checkpoint, "beam=2", "batch_size=2", "encoding=latin-1"),
-        input="\n".join(sentences).encode("latin-1") + b"\n", capture_output=True, timeout=120, check=False,
-    )  # fmt: skip
+    stdin = io.TextIOWrapper(io.BytesIO("\n".join(sentences).encode("latin-1") + b"\n"))
+    with mock.patch.object(sys, "stdin", stdin):
+        result = run_main(
+            translate_entry_point, f"ckpt={endless_checkpoint}", "beam=2", "batch_size=2", "encoding=latin-1"
+        )
     assert result.returncode == 0, result.stderr[-2000:]
     task = TranslationTask.load_from_checkpoint(endless_checkpoint, weights_only=True)
     expected = [task.translate_texts([s], beam_size=2)[0] for s in sentences]
-    assert result.stdout.decode().split("\n")[:-1] == expected
+    assert result.stdout.split("\n")[:-1] == expected
     assert expected[1] == "" and all(expected[i] for i in (0, 2, 3, 4))
 
 
