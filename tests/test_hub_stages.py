@@ -13,13 +13,13 @@ from test_cli_commands import _generate_config
 
 from lit_transformers.export import main as export_entry_point
 from lit_transformers.generate import continuations, language_model
-from lit_transformers.tasks import DPOTask, PPOTask, RewardTask
+from lit_transformers.tasks import CausalLMTask, DPOTask, PPOTask, RewardTask
 from lit_transformers.tasks.base import as_override
 from lit_transformers.tasks.instruct import rollout
 from lit_transformers.text import Tokenizer, left_pad
 from lit_transformers.train import train
 
-from conftest import cli_env, compose_train_cfg, run_main
+from conftest import assert_user_error, cli_env, compose_train_cfg, run_main
 from test_hub_tokenizers import _llama3, _llama3_backend, _save
 from test_instructgpt import TINY, TINY_DATA
 
@@ -146,6 +146,21 @@ def test_reward_ppo_and_dpo_start_from_the_hub_decoder_with_new_heads(hub, caplo
         ValueError, match="PPO's value would come from both task.init_from and task.init_from_hf"
     ):
         _task(PPOTask, hub_dir, init_from_hf={"value": str(hub_dir)}, init_from={"value": "value.ckpt"})
+
+
+def test_a_tokenizer_larger_than_the_hub_decoders_embeddings_is_refused_naming_the_fix(hub, tmp_path):
+    """Ids past the embedding matrix would index out of range at the first batch (or, padded, train rows the
+    checkpoint never had): refused when the model loads, naming the checkpoint's own tokenizer as the fix."""
+    hub_dir, _, hf_tokenizer, _ = hub
+    small = transformers.LlamaConfig(
+        vocab_size=16, hidden_size=16, intermediate_size=24, num_hidden_layers=1, num_attention_heads=2
+    )
+    transformers.LlamaForCausalLM(small).save_pretrained(tmp_path)
+    assert_user_error(
+        lambda: _task(CausalLMTask, hub_dir, init_from_hf=str(tmp_path)),
+        f"init_from_hf={tmp_path} has 16 word embeddings but this run's tokenizer has {len(hf_tokenizer)} tokens",
+        f"set data.tokenizer_path={tmp_path}",
+    )
 
 
 # ---- the chain on a Hub decoder, exported back ---------------------------------------------------------
