@@ -232,6 +232,7 @@ def train_on_two_ranks(*jobs: DictConfig | TwoRankCall) -> list[dict[str, float]
         arguments.append(str(path))
         metrics.append(path.parent / "metrics.json")
     cwd = next((m.parent for m in metrics if m is not None), TESTS)
+    GlobalHydra.instance().clear()  # the jobs' configs are composed: later tests in this process start clean
     result = run_cli(sys.executable, str(TESTS / "ddp_worker.py"), *arguments, cwd=cwd)
     assert result.returncode == 0, result.stderr[-3000:]
     return [None if m is None else json.loads(m.read_text()) for m in metrics]
@@ -281,7 +282,6 @@ def two_rank_launch(request, tmp_path_factory, cache_dir) -> dict[str, object]:
         group_jobs, finish = TWO_RANK_GROUPS[name].build(root / name, cache_dir)
         spans[name] = (slice(len(jobs), len(jobs) + len(group_jobs)), finish)
         jobs += group_jobs
-    GlobalHydra.instance().clear()
     results = train_on_two_ranks(*jobs)
     return {name: finish(results[span]) for name, (span, finish) in spans.items()}
 

@@ -14,7 +14,6 @@ from typing import NamedTuple
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import get_class, instantiate
 from test_precision import FAMILIES
 
@@ -221,7 +220,6 @@ def default_runs(root, cache_dir):
 @pytest.fixture(scope="module")
 def slow_runs(tmp_path_factory, cache_dir) -> dict[str, dict]:
     ddp_configs, finish = _evaluations(SLOW, tmp_path_factory.mktemp("ddp_metrics_slow"), cache_dir)
-    GlobalHydra.instance().clear()
     return finish(train_on_two_ranks(*ddp_configs))
 
 
